@@ -1,0 +1,194 @@
+"""scipy.optimize as the numerical backend: callbacks into compiled inner PyTensor functions.
+
+Every function here takes the compiled inner functions of a solver Op, the initial guesses and the
+parameter values, and returns ``(x_stars, success, n_iterations, n_evaluations)``. A solver that
+raises (a bracket without a sign change, a singular step, NaN in the objective) is reported as
+``success=False`` with NaN solutions, never as an exception inside ``perform``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+__all__ = [
+    "Packer",
+    "minimize",
+    "minimize_scalar",
+    "root",
+    "root_scalar",
+]
+
+#: scipy reports these when a solve cannot proceed; they become ``success=False``.
+_SOLVER_ERRORS = (ValueError, RuntimeError, ArithmeticError, np.linalg.LinAlgError)
+
+
+class Packer:
+    """Flatten several arrays into one float64 vector for scipy, and back."""
+
+    def __init__(self, templates: Sequence[np.ndarray]):
+        self.shapes = [np.shape(t) for t in templates]
+        self.dtypes = [np.asarray(t).dtype for t in templates]
+        self.sizes = [int(np.prod(s, dtype=int)) for s in self.shapes]
+        self.splits = np.cumsum(self.sizes)[:-1]
+
+    @staticmethod
+    def pack(arrays: Sequence[np.ndarray]) -> np.ndarray:
+        if len(arrays) == 1:
+            return np.asarray(arrays[0], dtype="float64").ravel()
+        return np.concatenate([np.asarray(a, dtype="float64").ravel() for a in arrays])
+
+    def unpack(self, flat: np.ndarray) -> list[np.ndarray]:
+        pieces = np.split(np.asarray(flat), self.splits) if len(self.sizes) > 1 else [flat]
+        return [
+            np.asarray(p, dtype=d).reshape(s)
+            for p, d, s in zip(pieces, self.dtypes, self.shapes, strict=True)
+        ]
+
+    def failed(self) -> list[np.ndarray]:
+        return [np.full(s, np.nan, dtype=d) for s, d in zip(self.shapes, self.dtypes, strict=True)]
+
+
+def minimize(
+    fns: dict,
+    x0s: list[np.ndarray],
+    params: list,
+    *,
+    method: str,
+    use_jac: bool,
+    use_hess: bool,
+    use_hessp: bool,
+    options: dict,
+):
+    from scipy.optimize import minimize as scipy_minimize
+
+    packer = Packer(x0s)
+    if use_jac:
+        value_and_grad = fns["value_and_grad"]
+
+        def fun(z):
+            f, *g = value_and_grad(*packer.unpack(z), *params)
+            return float(f), packer.pack(g)
+    else:
+        value = fns["value"]
+
+        def fun(z):
+            return float(value(*packer.unpack(z), *params)[0])
+
+    extra = {}
+    if use_hess:
+        hess = fns["hess"]
+        extra["hess"] = lambda z: hess(*packer.unpack(z), *params)[0]
+    if use_hessp:
+        hessp = fns["hessp"]
+        extra["hessp"] = lambda z, p: packer.pack(
+            hessp(*packer.unpack(z), *packer.unpack(p), *params)
+        )
+    try:
+        res = scipy_minimize(
+            fun, packer.pack(x0s), method=method, jac=True if use_jac else None, **extra, **options
+        )
+    except _SOLVER_ERRORS:
+        return packer.failed(), False, -1, -1
+    success = bool(res.success) and bool(np.all(np.isfinite(res.x)))
+    return packer.unpack(res.x), success, getattr(res, "nit", -1), getattr(res, "nfev", -1)
+
+
+def root(
+    fns: dict, x0s: list[np.ndarray], params: list, *, method: str, use_jac: bool, options: dict
+):
+    from scipy.optimize import root as scipy_root
+
+    packer = Packer(x0s)
+    if use_jac:
+        equations_and_jac = fns["equations_and_jac"]
+
+        def fun(z):
+            *F, J = equations_and_jac(*packer.unpack(z), *params)
+            return Packer.pack(F), J
+    else:
+        equations = fns["equations"]
+
+        def fun(z):
+            return Packer.pack(equations(*packer.unpack(z), *params))
+
+    try:
+        with warnings.catch_warnings():
+            # quasi-Newton methods warn when a step is rejected; that ends in success=False.
+            warnings.simplefilter("ignore", RuntimeWarning)
+            res = scipy_root(
+                fun, packer.pack(x0s), method=method, jac=True if use_jac else None, **options
+            )
+    except _SOLVER_ERRORS:
+        return packer.failed(), False, -1, -1
+    success = bool(res.success) and bool(np.all(np.isfinite(res.x)))
+    return packer.unpack(res.x), success, getattr(res, "nit", -1), getattr(res, "nfev", -1)
+
+
+def minimize_scalar(
+    fns: dict,
+    x0: np.ndarray,
+    params: list,
+    *,
+    method: str,
+    bracket: tuple | None,
+    bounds: tuple | None,
+    options: dict,
+):
+    from scipy.optimize import minimize_scalar as scipy_minimize_scalar
+
+    value = fns["value"]
+    dtype = np.asarray(x0).dtype
+
+    def fun(z):
+        return float(value(np.asarray(z, dtype=dtype), *params)[0])
+
+    try:
+        res = scipy_minimize_scalar(fun, bracket=bracket, bounds=bounds, method=method, **options)
+    except _SOLVER_ERRORS:
+        return [np.asarray(np.nan, dtype=dtype)], False, -1, -1
+    success = bool(res.success) and bool(np.isfinite(res.x))
+    return [np.asarray(res.x, dtype=dtype)], success, res.get("nit", -1), res.get("nfev", -1)
+
+
+def root_scalar(
+    fns: dict,
+    x0: np.ndarray,
+    params: list,
+    *,
+    method: str,
+    bracket: tuple | None,
+    options: dict,
+):
+    from scipy.optimize import root_scalar as scipy_root_scalar
+
+    dtype = np.asarray(x0).dtype
+
+    def scalar_fn(name: str) -> Callable[[float], float]:
+        fn = fns[name]
+        return lambda z: float(fn(np.asarray(z, dtype=dtype), *params)[0])
+
+    derivatives = {}
+    if "fprime" in fns:
+        derivatives["fprime"] = scalar_fn("fprime")
+    if "fprime2" in fns:
+        derivatives["fprime2"] = scalar_fn("fprime2")
+    start = {} if bracket is not None else {"x0": float(x0)}
+    try:
+        with warnings.catch_warnings():
+            # newton/secant warn on a zero derivative or tolerance miss; both give converged=False
+            warnings.simplefilter("ignore", RuntimeWarning)
+            res = scipy_root_scalar(
+                scalar_fn("equation"),
+                method=method,
+                bracket=bracket,
+                **start,
+                **derivatives,
+                **options,
+            )
+    except _SOLVER_ERRORS:
+        return [np.asarray(np.nan, dtype=dtype)], False, -1, -1
+    success = bool(res.converged) and bool(np.isfinite(res.root))
+    return [np.asarray(res.root, dtype=dtype)], success, res.iterations, res.function_calls

@@ -1,0 +1,237 @@
+"""The base solver Op: inner graph, node construction, pickling, and the shared implicit gradient."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+from pytensor.gradient import DisconnectedType
+from pytensor.graph.basic import Apply, Variable
+from pytensor.graph.op import Op
+from pytensor.graph.replace import graph_replace
+from pytensor.tensor.variable import TensorVariable
+
+from pymc_optim._implicit import OptimalityCondition, implicit_pullback
+from pymc_optim._inner_graph import InnerProblem
+
+__all__ = ["SolverInfo", "SolverOp", "solution_info"]
+
+
+class SolverInfo(NamedTuple):
+    """Symbolic diagnostics of one solve, from :func:`pymc_optim.solution_info`.
+
+    Attributes
+    ----------
+    success : bool scalar, whether the solver reported convergence.
+    value : the objective at the solution (minimization) or the Euclidean norm of the
+        residual (root finding, fixed points). Differentiable.
+    n_iterations : int64 scalar, the solver's iteration count (-1 where scipy does not say).
+    n_evaluations : int64 scalar, the number of objective or equation evaluations.
+    """
+
+    success: TensorVariable
+    value: TensorVariable
+    n_iterations: TensorVariable
+    n_evaluations: TensorVariable
+
+
+def solution_info(x_star: TensorVariable | Sequence[TensorVariable]) -> SolverInfo:
+    """Diagnostics of the solve that produced `x_star`, as symbolic variables.
+
+    Parameters
+    ----------
+    x_star : TensorVariable or list of TensorVariable
+        A solution returned by :func:`minimize`, :func:`root`, :func:`minimize_scalar`,
+        :func:`root_scalar` or :func:`fixed_point` (any one of them if `x` was a list).
+
+    Returns
+    -------
+    info : SolverInfo
+        ``success``, ``value`` (objective at x*, or residual norm), ``n_iterations`` and
+        ``n_evaluations``.
+
+    Raises
+    ------
+    TypeError
+        If `x_star` was not produced by a pymc_optim solver.
+
+    Examples
+    --------
+    >>> import pytensor.tensor as pt
+    >>> import pymc_optim as pmo
+    >>> x, a = pt.scalar("x"), pt.scalar("a")
+    >>> x_star, success = pmo.minimize((x - a) ** 2 + 1.0, x, x0=0.0)
+    >>> info = pmo.solution_info(x_star)
+    >>> float(info.value.eval({a: 3.0}))
+    1.0
+    """
+    var = x_star[0] if isinstance(x_star, list | tuple) else x_star
+    node = getattr(var, "owner", None)
+    op = getattr(node, "op", None)
+    if not isinstance(op, SolverOp):
+        # vectorized solves wrap the Op in a Blockwise
+        op = getattr(op, "core_op", None)
+    if not isinstance(op, SolverOp):
+        raise TypeError(
+            "`x_star` must be a solution returned by a pymc_optim solver; "
+            f"got `{var}`, computed by {getattr(node, 'op', None)}."
+        )
+    outs = node.outputs
+    x_stars = outs[: op.n_controls]
+    params = node.inputs[op.n_controls : op.n_controls + op.n_params]
+    replace = dict(zip(op.problem.inner_xs, x_stars, strict=True))
+    replace.update(zip(op.problem.inner_params, params, strict=True))
+    value = graph_replace(op.value, replace, strict=False)
+    success, n_iterations, n_evaluations = outs[op.n_controls :]
+    return SolverInfo(success, value, n_iterations, n_evaluations)
+
+
+class SolverOp(Op):
+    """A numerical solve whose solution is differentiated by the shared implicit rule.
+
+    Inputs are ``[*x0s, *params, *extras]``: initial guesses (one per control), the parameters
+    found in the user's graph (the inner graph's inputs besides x), and solver-only inputs such as
+    a bracket, which the solution does not depend on locally. Outputs are
+    ``[*x_stars, success, n_iterations, n_evaluations]``.
+
+    Subclasses say *what is solved* (`condition`, `value`, the compiled functions they need) and
+    implement `solve` with a numerical backend.
+    """
+
+    default_output = None
+
+    def __init__(self, problem: InnerProblem, *, n_extras: int = 0):
+        self.problem = problem
+        self.n_controls = len(problem.inner_xs)
+        self.n_params = len(problem.inner_params)
+        self.n_extras = n_extras
+        self._compiled: Any = None
+
+    # --- what is solved (subclasses) -------------------------------------------------------
+    @property
+    def condition(self) -> OptimalityCondition:
+        """F(x, θ) = 0 at the solution, on the inner variables."""
+        raise NotImplementedError
+
+    @property
+    def value(self) -> TensorVariable:
+        """The scalar reported as ``solution_info(x_star).value``, on the inner variables."""
+        raise NotImplementedError
+
+    def numerical_functions(self) -> dict[str, tuple[list, list[TensorVariable]]]:
+        """Named ``(more_inputs, outputs)`` pairs of inner expressions the backend evaluates.
+
+        Each is compiled once, lazily, into a function of ``(*xs, *more_inputs, *params)``.
+        """
+        raise NotImplementedError
+
+    def solve(self, fns: dict, x0s: list[np.ndarray], params: list, extras: list):
+        """Return ``(x_stars, success, n_iterations, n_evaluations)``; never raise on failure."""
+        raise NotImplementedError
+
+    # --- Op interface ------------------------------------------------------------------------
+    def make_node(self, *inputs) -> Apply:
+        expected = self.n_controls + self.n_params + self.n_extras
+        if len(inputs) != expected:
+            raise TypeError(f"{type(self).__name__} expects {expected} inputs, got {len(inputs)}.")
+        x0s = [
+            inner.type.filter_variable(pt.as_tensor_variable(x0), allow_convert=True)
+            for inner, x0 in zip(self.problem.inner_xs, inputs[: self.n_controls], strict=True)
+        ]
+        # Parameters keep their own types (PyMC graphs have boolean scalars, not only tensors).
+        params = [
+            inner.type.filter_variable(p, allow_convert=True)
+            for inner, p in zip(
+                self.problem.inner_params,
+                inputs[self.n_controls : self.n_controls + self.n_params],
+                strict=True,
+            )
+        ]
+        extras = [pt.as_tensor_variable(e) for e in inputs[self.n_controls + self.n_params :]]
+        outputs = [x.type() for x in self.problem.inner_xs] + [
+            pt.scalar(dtype="bool"),
+            pt.scalar(dtype="int64"),
+            pt.scalar(dtype="int64"),
+        ]
+        return Apply(self, [*x0s, *params, *extras], outputs)
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        return [*input_shapes[: self.n_controls], (), (), ()]
+
+    def perform(self, node, inputs, output_storage):
+        if self._compiled is None:
+            self._compiled = {
+                name: pytensor.function(
+                    [*self.problem.inner_xs, *more_inputs, *self.problem.inner_params],
+                    outs,
+                    on_unused_input="ignore",
+                    trust_input=True,
+                )
+                for name, (more_inputs, outs) in self.numerical_functions().items()
+            }
+        x0s = inputs[: self.n_controls]
+        params = inputs[self.n_controls : self.n_controls + self.n_params]
+        extras = inputs[self.n_controls + self.n_params :]
+        x_stars, success, n_iterations, n_evaluations = self.solve(
+            self._compiled, list(x0s), list(params), list(extras)
+        )
+        for storage, x, inner in zip(output_storage, x_stars, self.problem.inner_xs, strict=False):
+            storage[0] = np.asarray(x, dtype=inner.type.dtype).reshape(np.shape(x))
+        output_storage[self.n_controls][0] = np.asarray(bool(success))
+        output_storage[self.n_controls + 1][0] = np.asarray(n_iterations, dtype="int64")
+        output_storage[self.n_controls + 2][0] = np.asarray(n_evaluations, dtype="int64")
+
+    def connection_pattern(self, node):
+        # x* depends on the continuous parameters only (not on x0 or a bracket: the solution is
+        # locally constant in them); success and the counters are piecewise constant.
+        n_out = self.n_controls + 3
+        return [
+            [self._is_differentiable_param(i, var) and j < self.n_controls for j in range(n_out)]
+            for i, var in enumerate(node.inputs)
+        ]
+
+    def _is_differentiable_param(self, index: int, var: Variable) -> bool:
+        is_param = self.n_controls <= index < self.n_controls + self.n_params
+        return is_param and var.type.dtype.startswith("float")
+
+    def L_op(self, inputs, outputs, output_grads):
+        x_stars = outputs[: self.n_controls]
+        params = inputs[self.n_controls : self.n_controls + self.n_params]
+        disconnected = [DisconnectedType()() for _ in range(self.n_controls)]
+        extras = [DisconnectedType()() for _ in range(self.n_extras)]
+        x_grads = output_grads[: self.n_controls]
+        if all(isinstance(g.type, DisconnectedType) for g in x_grads):
+            return [*disconnected, *(DisconnectedType()() for _ in params), *extras]
+        param_grads = implicit_pullback(self.condition, x_stars, params, x_grads)
+        param_grads = [
+            g if self._is_differentiable_param(self.n_controls + i, p) else DisconnectedType()()
+            for i, (g, p) in enumerate(zip(param_grads, params, strict=True))
+        ]
+        return [*disconnected, *param_grads, *extras]
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_compiled"] = None  # compiled functions do not pickle; recompiled on first use
+        return state
+
+    def __str__(self):
+        return f"{type(self).__name__}{{method={getattr(self, 'method', '?')}}}"
+
+
+def make_solution(
+    op: SolverOp,
+    x0s: Sequence[Variable],
+    extras: Sequence[Variable],
+    is_list: bool,
+):
+    """Apply `op` and return ``(x_star, success)`` shaped like the user's `x`."""
+    outs = op(*x0s, *op.problem.outer_params, *extras)
+    x_stars = list(outs[: op.n_controls])
+    success = outs[op.n_controls]
+    for x_star, inner in zip(x_stars, op.problem.inner_xs, strict=True):
+        if inner.name:
+            x_star.name = f"{inner.name}_star"
+    return (x_stars if is_list else x_stars[0]), success

@@ -1,0 +1,208 @@
+"""Unconstrained minimization of a scalar objective over tensor variables, as a PyTensor Op."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from functools import cached_property
+
+import pytensor.tensor as pt
+from pytensor.gradient import grad
+from pytensor.tensor.variable import TensorVariable
+
+from pymc_optim import _scipy
+from pymc_optim._checks import check_method, check_optimizer_kwargs
+from pymc_optim._implicit import OptimalityCondition
+from pymc_optim._inner_graph import (
+    InnerProblem,
+    as_control_variables,
+    build_inner_problem,
+    cast_initial_guess,
+)
+from pymc_optim._solver_op import SolverOp, make_solution
+
+__all__ = ["MINIMIZE_METHODS", "MinimizeOp", "minimize"]
+
+MINIMIZE_METHODS = (
+    "Nelder-Mead",
+    "Powell",
+    "CG",
+    "BFGS",
+    "Newton-CG",
+    "L-BFGS-B",
+    "TNC",
+    "COBYLA",
+    "COBYQA",
+    "SLSQP",
+    "trust-constr",
+    "dogleg",
+    "trust-ncg",
+    "trust-exact",
+    "trust-krylov",
+)
+_DERIVATIVE_FREE = {"Nelder-Mead", "Powell", "COBYLA", "COBYQA"}
+_NEEDS_JAC = {"Newton-CG", "dogleg", "trust-ncg", "trust-exact", "trust-krylov"}
+_NEEDS_HESS = {"dogleg", "trust-exact"}
+_USES_HESS = {"Newton-CG", "dogleg", "trust-ncg", "trust-exact", "trust-krylov", "trust-constr"}
+
+
+def minimize(
+    objective: TensorVariable,
+    x: TensorVariable | Sequence[TensorVariable],
+    *,
+    x0=None,
+    method: str = "BFGS",
+    jac: bool = True,
+    hess: bool = False,
+    optimizer_kwargs: Mapping | None = None,
+):
+    """Minimize a scalar `objective` over `x`; every other input of its graph is a parameter.
+
+    Parameters
+    ----------
+    objective : TensorVariable
+        A scalar expression of `x` and of any other variables (the parameters θ).
+    x : TensorVariable or list of TensorVariable
+        The control: a root variable of `objective`'s graph, of any shape, or a list of them.
+    x0 : number, array, TensorVariable or list of them, optional
+        Initial guess, cast to `x`'s type. When ``None``, the runtime value of `x` is the initial
+        guess and `x` stays an input of the returned graph.
+    method : str, default "BFGS"
+        Any method of :func:`scipy.optimize.minimize` without bounds or constraints.
+    jac : bool, default True
+        Give scipy the gradient of `objective` (built symbolically). Ignored by the
+        derivative-free methods (Nelder-Mead, Powell, COBYLA, COBYQA).
+    hess : bool, default False
+        Give scipy the dense Hessian. When False, Hessian-based methods that accept a
+        Hessian-vector product (Newton-CG, trust-ncg, trust-krylov, trust-constr) get one.
+    optimizer_kwargs : dict, optional
+        Further keyword arguments of :func:`scipy.optimize.minimize` (``tol``, ``options``).
+
+    Returns
+    -------
+    x_star : TensorVariable or list of TensorVariable
+        The minimizer, shaped like `x`. NaN where the solver raised.
+    success : TensorVariable
+        Boolean scalar: whether scipy reported convergence.
+
+    Raises
+    ------
+    ValueError
+        If `objective` is not scalar or does not depend on `x`, if `x` is not a root input of the
+        graph, if `method` is unknown or needs derivatives that were turned off, or if
+        `optimizer_kwargs` sets something the Op controls (bounds, constraints, jac, hess).
+    TypeError
+        If `x` is not a float tensor variable.
+
+    Notes
+    -----
+    The solution is differentiated by the implicit function theorem on F = ∇ₓf(x*, θ) = 0
+    (see :mod:`pymc_optim._implicit`): one symmetric solve with the Hessian ∇²ₓf, then one reverse
+    pass, whatever the number of parameters. Use :func:`solution_info` for the objective value,
+    iteration and evaluation counts.
+
+    Examples
+    --------
+    >>> import pytensor.tensor as pt
+    >>> import pymc_optim as pmo
+    >>> x, a = pt.vector("x"), pt.vector("a")
+    >>> x_star, success = pmo.minimize(((x - a) ** 2).sum(), x, x0=[0.0, 0.0])
+    >>> x_star.eval({a: [1.0, 2.0]}).round(6)
+    array([1., 2.])
+    >>> pt.grad(x_star.sum(), a).eval({a: [1.0, 2.0]}).round(6)
+    array([1., 1.])
+    """
+    xs, is_list = as_control_variables(x)
+    objective = pt.as_tensor_variable(objective)
+    if objective.ndim != 0:
+        raise ValueError(
+            f"`objective` must be a scalar; got `{objective}` with {objective.ndim} dimensions. "
+            "Reduce it first, e.g. `objective.sum()`."
+        )
+    method = check_method(method, MINIMIZE_METHODS, "minimize")
+    if method in _NEEDS_JAC and not jac:
+        raise ValueError(f"`method` {method!r} needs the gradient; pass `jac=True`.")
+    if method in _NEEDS_HESS and not hess:
+        raise ValueError(f"`method` {method!r} needs the Hessian; pass `hess=True`.")
+    if hess and method not in _USES_HESS:
+        raise ValueError(
+            f"`hess=True` has no effect with `method` {method!r}, which does not use a Hessian; "
+            f"drop it or choose one of {sorted(_USES_HESS)}."
+        )
+    options = check_optimizer_kwargs(
+        optimizer_kwargs,
+        reserved={
+            "bounds": "the implicit gradient of an unconstrained minimum ignores them; "
+            "bounded problems are not supported by `minimize` yet.",
+            "constraints": "the implicit gradient of an unconstrained minimum ignores them; "
+            "constrained problems are not supported by `minimize` yet.",
+            "jac": "use the `jac` argument.",
+            "hess": "use the `hess` argument.",
+            "hessp": "it is built from the objective's graph.",
+            "method": "use the `method` argument.",
+            "x0": "use the `x0` argument.",
+        },
+    )
+    problem = build_inner_problem([objective], xs)
+    op = MinimizeOp(
+        problem,
+        method=method,
+        jac=jac and method not in _DERIVATIVE_FREE,
+        hess=hess,
+        options=options,
+    )
+    return make_solution(op, cast_initial_guess(x0, xs, is_list), [], is_list)
+
+
+class MinimizeOp(SolverOp):
+    """x* = argminₓ f(x, θ) by :func:`scipy.optimize.minimize`; see :func:`minimize`."""
+
+    def __init__(self, problem: InnerProblem, *, method: str, jac: bool, hess: bool, options):
+        super().__init__(problem)
+        self.method = method
+        self.jac = jac
+        self.hess = hess
+        self.options = options
+
+    @cached_property
+    def _gradients(self) -> list[TensorVariable]:
+        return grad(self.value, self.problem.inner_xs, disconnected_inputs="ignore")
+
+    @cached_property
+    def condition(self) -> OptimalityCondition:
+        return OptimalityCondition(
+            self.problem.inner_xs, self.problem.inner_params, self._gradients, symmetric=True
+        )
+
+    @property
+    def value(self) -> TensorVariable:
+        return self.problem.inner_outputs[0]
+
+    @property
+    def _uses_hessp(self) -> bool:
+        return self.jac and not self.hess and self.method in _USES_HESS - _NEEDS_HESS
+
+    def numerical_functions(self):
+        if self.jac:
+            fns = {"value_and_grad": ([], [self.value, *self._gradients])}
+        else:
+            fns = {"value": ([], [self.value])}
+        if self.hess:
+            fns["hess"] = ([], [self.condition.jacobian_matrix()])
+        if self._uses_hessp:
+            # H(x)·p as the gradient of (∇f)·p: one extra reverse pass, no Hessian formed.
+            ps = [x.type(f"p_{i}") for i, x in enumerate(self.problem.inner_xs)]
+            gp = sum((g * p).sum() for g, p in zip(self._gradients, ps, strict=True))
+            fns["hessp"] = (ps, grad(gp, self.problem.inner_xs, disconnected_inputs="ignore"))
+        return fns
+
+    def solve(self, fns, x0s, params, extras):
+        return _scipy.minimize(
+            fns,
+            x0s,
+            params,
+            method=self.method,
+            use_jac=self.jac,
+            use_hess=self.hess,
+            use_hessp=self._uses_hessp,
+            options=self.options,
+        )

@@ -1,0 +1,167 @@
+"""Root finding of a square system of equations over tensor variables, as a PyTensor Op."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from functools import cached_property
+
+import numpy as np
+import pytensor.tensor as pt
+from pytensor.tensor.variable import TensorVariable
+
+from pymc_optim import _scipy
+from pymc_optim._checks import check_method, check_optimizer_kwargs
+from pymc_optim._implicit import OptimalityCondition
+from pymc_optim._inner_graph import (
+    InnerProblem,
+    as_control_variables,
+    build_inner_problem,
+    cast_initial_guess,
+)
+from pymc_optim._solver_op import SolverOp, make_solution
+
+__all__ = ["ROOT_METHODS", "RootOp", "root"]
+
+ROOT_METHODS = (
+    "hybr",
+    "lm",
+    "broyden1",
+    "broyden2",
+    "anderson",
+    "linearmixing",
+    "diagbroyden",
+    "excitingmixing",
+    "krylov",
+    "df-sane",
+)
+_USES_JAC = {"hybr", "lm"}
+
+
+def root(
+    equations: TensorVariable | Sequence[TensorVariable],
+    x: TensorVariable | Sequence[TensorVariable],
+    *,
+    x0=None,
+    method: str = "hybr",
+    jac: bool = True,
+    optimizer_kwargs: Mapping | None = None,
+):
+    """Solve ``equations(x, θ) = 0`` for `x`; every other input of their graph is a parameter.
+
+    Parameters
+    ----------
+    equations : TensorVariable or list of TensorVariable
+        Expressions of `x` and the parameters, of any shapes, whose total size equals `x`'s.
+    x : TensorVariable or list of TensorVariable
+        The unknowns: root variables of the equations' graph, of any shape, or a list of them.
+    x0 : number, array, TensorVariable or list of them, optional
+        Initial guess, cast to `x`'s type. When ``None``, the runtime value of `x` is used.
+    method : str, default "hybr"
+        Any method of :func:`scipy.optimize.root`.
+    jac : bool, default True
+        Give scipy the Jacobian (built symbolically). Only ``"hybr"`` and ``"lm"`` use it.
+    optimizer_kwargs : dict, optional
+        Further keyword arguments of :func:`scipy.optimize.root` (``tol``, ``options``).
+
+    Returns
+    -------
+    x_star : TensorVariable or list of TensorVariable
+        The root, shaped like `x`. NaN where the solver raised.
+    success : TensorVariable
+        Boolean scalar: whether scipy reported convergence.
+
+    Raises
+    ------
+    ValueError
+        If the equations' total size differs from `x`'s, if `x` is not a root input of their
+        graph, or if `method` is unknown.
+    TypeError
+        If `x` is not a float tensor variable.
+
+    Notes
+    -----
+    Differentiated by the implicit function theorem on F(x*, θ) = 0: one solve with ∂F/∂xᵀ and
+    one reverse pass (:mod:`pymc_optim._implicit`). ``solution_info(x_star).value`` is the
+    residual norm ‖F(x*, θ)‖₂.
+
+    Examples
+    --------
+    >>> import pytensor.tensor as pt
+    >>> import pymc_optim as pmo
+    >>> x, a = pt.scalar("x"), pt.scalar("a")
+    >>> x_star, success = pmo.root(x**3 - a, x, x0=1.0)
+    >>> float(x_star.eval({a: 8.0}))
+    2.0
+    >>> round(float(pt.grad(x_star, a).eval({a: 8.0})), 8)  # d(a^(1/3))/da = 1/12
+    0.08333333
+    """
+    xs, is_list = as_control_variables(x)
+    equations = [
+        pt.as_tensor_variable(e)
+        for e in (equations if isinstance(equations, list | tuple) else [equations])
+    ]
+    n_equations = _static_size(equations)
+    n_unknowns = _static_size(xs)
+    if n_equations is not None and n_unknowns is not None and n_equations != n_unknowns:
+        raise ValueError(
+            f"`equations` must have as many elements as `x` (a square system); got "
+            f"{n_equations} equations for {n_unknowns} unknowns. For a least-squares problem use "
+            "`minimize` on the sum of squares."
+        )
+    method = check_method(method, ROOT_METHODS, "root")
+    options = check_optimizer_kwargs(
+        optimizer_kwargs,
+        reserved={
+            "jac": "use the `jac` argument.",
+            "method": "use the `method` argument.",
+            "x0": "use the `x0` argument.",
+        },
+    )
+    problem = build_inner_problem(equations, xs, argument="equations")
+    op = RootOp(problem, method=method, jac=jac and method in _USES_JAC, options=options)
+    return make_solution(op, cast_initial_guess(x0, xs, is_list), [], is_list)
+
+
+class RootOp(SolverOp):
+    """x* with F(x*, θ) = 0 by :func:`scipy.optimize.root`; see :func:`root`."""
+
+    def __init__(self, problem: InnerProblem, *, method: str, jac: bool, options):
+        super().__init__(problem)
+        self.method = method
+        self.jac = jac
+        self.options = options
+
+    @cached_property
+    def condition(self) -> OptimalityCondition:
+        return OptimalityCondition(
+            self.problem.inner_xs,
+            self.problem.inner_params,
+            self.problem.inner_outputs,
+            symmetric=False,
+        )
+
+    @property
+    def value(self) -> TensorVariable:
+        return pt.linalg.norm(self.condition.flat_residual())
+
+    def numerical_functions(self):
+        if self.jac:
+            return {
+                "equations_and_jac": (
+                    [],
+                    [*self.problem.inner_outputs, self.condition.jacobian_matrix()],
+                )
+            }
+        return {"equations": ([], list(self.problem.inner_outputs))}
+
+    def solve(self, fns, x0s, params, extras):
+        return _scipy.root(
+            fns, x0s, params, method=self.method, use_jac=self.jac, options=self.options
+        )
+
+
+def _static_size(variables: Sequence[TensorVariable]) -> int | None:
+    shapes = [v.type.shape for v in variables]
+    if any(None in s for s in shapes):
+        return None
+    return int(sum(np.prod(s, dtype=int) for s in shapes))

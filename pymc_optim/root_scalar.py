@@ -1,0 +1,146 @@
+"""Root finding of one scalar equation in one scalar variable, as a PyTensor Op."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from functools import cached_property
+
+from pytensor.gradient import grad
+from pytensor.tensor.variable import TensorVariable
+
+from pymc_optim import _scipy
+from pymc_optim._checks import check_method, check_optimizer_kwargs
+from pymc_optim._implicit import OptimalityCondition
+from pymc_optim._inner_graph import InnerProblem, build_inner_problem, cast_initial_guess
+from pymc_optim._scalar import as_interval, as_scalar_control, as_scalar_expression
+from pymc_optim._solver_op import SolverOp, make_solution
+
+__all__ = ["ROOT_SCALAR_METHODS", "RootScalarOp", "root_scalar"]
+
+BRACKETING_METHODS = ("bisect", "brentq", "brenth", "ridder", "toms748")
+ROOT_SCALAR_METHODS = (*BRACKETING_METHODS, "newton", "secant", "halley")
+
+
+def root_scalar(
+    equation: TensorVariable,
+    x: TensorVariable,
+    *,
+    x0=None,
+    method: str = "secant",
+    bracket: Sequence | None = None,
+    optimizer_kwargs: Mapping | None = None,
+):
+    """Solve the scalar ``equation(x, θ) = 0`` for the scalar `x`.
+
+    Parameters
+    ----------
+    equation : TensorVariable
+        A 0-d expression of `x` and of the parameters.
+    x : TensorVariable
+        A 0-d root variable of `equation`'s graph.
+    x0 : number or TensorVariable, optional
+        Starting point of the open methods (``"newton"``, ``"secant"``, ``"halley"``); when
+        ``None``, the runtime value of `x`. Not used by bracketing methods.
+    method : str, default "secant"
+        Bracketing: ``"bisect"``, ``"brentq"``, ``"brenth"``, ``"ridder"``, ``"toms748"``;
+        open: ``"newton"`` and ``"halley"`` (given exact first and second derivatives from the
+        graph) and ``"secant"``.
+    bracket : tuple of 2 numbers or scalar expressions, optional
+        ``(a, b)`` with a sign change of the equation; required by the bracketing methods.
+    optimizer_kwargs : dict, optional
+        Further keyword arguments of :func:`scipy.optimize.root_scalar` (``xtol``, ``rtol``,
+        ``maxiter``, ``x1`` for secant).
+
+    Returns
+    -------
+    x_star : TensorVariable
+        The root. NaN where the solver raised (e.g. no sign change over the bracket).
+    success : TensorVariable
+        Boolean scalar: whether scipy reported convergence.
+
+    Raises
+    ------
+    ValueError
+        If `x` or `equation` is not 0-d, if `method` is unknown, if a bracketing method has no
+        `bracket`, or an open method is given one.
+
+    Notes
+    -----
+    dx*/dθ = −(∂F/∂θ)/(∂F/∂x) at the root, by the shared implicit rule; the bracket does not
+    enter the derivative.
+
+    Examples
+    --------
+    >>> import pytensor.tensor as pt
+    >>> import pymc_optim as pmo
+    >>> x, a = pt.scalar("x"), pt.scalar("a")
+    >>> x_star, _ = pmo.root_scalar(x**2 - a, x, method="brentq", bracket=(0.0, 10.0))
+    >>> round(float(x_star.eval({a: 4.0})), 10), round(float(pt.grad(x_star, a).eval({a: 4.0})), 8)
+    (2.0, 0.25)
+    """
+    x = as_scalar_control(x, "root_scalar", "root")
+    equation = as_scalar_expression(equation, "equation")
+    method = check_method(method, ROOT_SCALAR_METHODS, "root_scalar")
+    if method in BRACKETING_METHODS and bracket is None:
+        raise ValueError(
+            f"`method` {method!r} needs `bracket=(a, b)` with a sign change of the equation."
+        )
+    if method not in BRACKETING_METHODS and bracket is not None:
+        raise ValueError(
+            f"`bracket` is not used by the open method {method!r}; pass `x0`, or choose a "
+            f"bracketing method ({', '.join(BRACKETING_METHODS)})."
+        )
+    options = check_optimizer_kwargs(
+        optimizer_kwargs,
+        reserved={
+            "bracket": "use the `bracket` argument.",
+            "method": "use the `method` argument.",
+            "x0": "use the `x0` argument.",
+            "fprime": "it is built from the equation's graph.",
+            "fprime2": "it is built from the equation's graph.",
+        },
+    )
+    problem = build_inner_problem([equation], [x], argument="equation")
+    bracket_vars = [] if bracket is None else as_interval(bracket, "bracket", (2,))
+    op = RootScalarOp(problem, method=method, n_bracket=len(bracket_vars), options=options)
+    if x0 is None and bracket is not None:
+        x0 = 0.0  # unused by bracketing methods; keeps `x` out of the returned graph
+    return make_solution(op, cast_initial_guess(x0, [x], False), bracket_vars, False)
+
+
+class RootScalarOp(SolverOp):
+    """x* with F(x*, θ) = 0 for scalar x by :func:`scipy.optimize.root_scalar`."""
+
+    def __init__(self, problem: InnerProblem, *, method: str, n_bracket: int, options):
+        super().__init__(problem, n_extras=n_bracket)
+        self.method = method
+        self.options = options
+
+    @cached_property
+    def condition(self) -> OptimalityCondition:
+        return OptimalityCondition(
+            self.problem.inner_xs,
+            self.problem.inner_params,
+            self.problem.inner_outputs,
+            symmetric=True,
+        )
+
+    @property
+    def value(self) -> TensorVariable:
+        return abs(self.problem.inner_outputs[0])
+
+    def numerical_functions(self):
+        (equation,) = self.problem.inner_outputs
+        fns = {"equation": ([], [equation])}
+        if self.method in ("newton", "halley"):
+            fprime = grad(equation, self.problem.inner_xs[0])
+            fns["fprime"] = ([], [fprime])
+            if self.method == "halley":
+                fns["fprime2"] = ([], [grad(fprime, self.problem.inner_xs[0])])
+        return fns
+
+    def solve(self, fns, x0s, params, extras):
+        bracket = tuple(float(b) for b in extras) or None
+        return _scipy.root_scalar(
+            fns, x0s[0], params, method=self.method, bracket=bracket, options=self.options
+        )
