@@ -8,7 +8,7 @@ __all__ = ["check_method", "check_optimizer_kwargs"]
 
 
 def check_method(method: str, valid: Iterable[str], routine: str) -> str:
-    """Return the canonical spelling of `method` (case-insensitive), or raise listing the valid ones."""
+    """Return the canonical spelling of `method` (case-insensitive); raise listing valid ones."""
     valid = tuple(valid)
     if not isinstance(method, str):
         raise TypeError(f"`method` must be a string; got {method!r}.")

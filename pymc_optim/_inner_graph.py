@@ -48,7 +48,7 @@ class InnerProblem:
 
 
 def as_control_variables(x, argument: str = "x") -> tuple[list[TensorVariable], bool]:
-    """Normalize `x` to a list of root float tensor variables; return it and whether a list was given."""
+    """Normalize `x` to a list of root float tensor variables, and say whether it was a list."""
     is_list = isinstance(x, list | tuple)
     xs = list(x) if is_list else [x]
     if is_list and not xs:

@@ -1,4 +1,4 @@
-"""The base solver Op: inner graph, node construction, pickling, and the shared implicit gradient."""
+"""The base solver Op: inner graph, node construction, pickling, the shared implicit gradient."""
 
 from __future__ import annotations
 
