@@ -21,18 +21,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import pytensor.tensor as pt
-from pytensor.gradient import DisconnectedType, grad, jacobian
+from pytensor.gradient import DisconnectedType, grad
 from pytensor.graph.basic import Variable
 from pytensor.graph.replace import graph_replace
 from pytensor.tensor.variable import TensorVariable
 
-__all__ = ["LINEAR_STRUCTURES", "OptimalityCondition", "implicit_pullback"]
+from pymc_optim._linear import LinearStructure, _concat_flat
 
-LinearStructure = Literal["dense", "diagonal"]
-LINEAR_STRUCTURES = ("dense", "diagonal")
+__all__ = ["OptimalityCondition", "implicit_pullback"]
 
 
 @dataclass(frozen=True)
@@ -45,31 +43,25 @@ class OptimalityCondition:
     params : the inner parameter variables θ.
     residual : the pieces of F, each any shape; their flattened concatenation is F.
     symmetric : whether A = ∂F/∂x is symmetric (true for gradients of an objective).
-    structure : "dense" (general A) or "diagonal" (F_i depends on x only through x_i).
+    structure : the layout of A (dense, diagonal, block-diagonal), see :mod:`pymc_optim._linear`.
     """
 
     xs: Sequence[TensorVariable]
     params: Sequence[TensorVariable]
     residual: Sequence[TensorVariable]
     symmetric: bool
-    structure: LinearStructure = "dense"
+    structure: LinearStructure = LinearStructure()
 
     def flat_residual(self) -> TensorVariable:
         return _concat_flat(self.residual)
 
-    def jacobian_matrix(self) -> TensorVariable:
-        """A = ∂F/∂x as an (n, n) matrix on the inner variables (dense structure)."""
-        F = self.flat_residual()
-        blocks = jacobian(F, list(self.xs), vectorize=True, disconnected_inputs="ignore")
-        return pt.concatenate(
-            [b.reshape((F.shape[0], x.size)) for b, x in zip(blocks, self.xs, strict=True)], axis=1
-        )
+    def jacobian(self) -> TensorVariable:
+        """A = ∂F/∂x on the inner variables, in the compact form of `structure`."""
+        return self.structure.jacobian(self.flat_residual(), self.xs)
 
-    def jacobian_diagonal(self) -> TensorVariable:
-        """diag(A) as a vector, valid when A is diagonal: then Aᵀ1 = diag(A), one reverse pass."""
-        F = self.flat_residual()
-        cols = grad(F.sum(), list(self.xs), disconnected_inputs="ignore")
-        return _concat_flat(cols)
+    def jacobian_matrix(self) -> TensorVariable:
+        """A = ∂F/∂x as a dense (n, n) matrix on the inner variables."""
+        return LinearStructure().jacobian(self.flat_residual(), self.xs)
 
 
 def implicit_pullback(
@@ -116,24 +108,14 @@ def implicit_pullback(
 
     to_outer = dict(zip(condition.xs, x_stars, strict=True))
     to_outer.update(zip(condition.params, outer_params, strict=True))
-    if condition.structure == "diagonal":
-        diag = graph_replace(condition.jacobian_diagonal(), to_outer, strict=False)
-        w = g_bar / diag
-    else:
-        A = graph_replace(condition.jacobian_matrix(), to_outer, strict=False)
-        assume_a = "sym" if condition.symmetric else "gen"
-        w = pt.linalg.solve(A if condition.symmetric else A.T, g_bar, assume_a=assume_a)
+    A = graph_replace(condition.jacobian(), to_outer, strict=False)
+    w = condition.structure.solve(A, g_bar, transposed=True, symmetric=condition.symmetric)
     to_outer[w_standin] = w.astype(F.type.dtype)
     outer_grads = graph_replace(param_grads, to_outer, strict=False)
     return [
         g.astype(p.type.dtype) if _is_continuous(p) else None
         for g, p in zip(outer_grads, outer_params, strict=True)
     ]
-
-
-def _concat_flat(pieces: Sequence[Variable]) -> TensorVariable:
-    pieces = [pt.as_tensor_variable(p).ravel() for p in pieces]
-    return pieces[0] if len(pieces) == 1 else pt.concatenate(pieces)
 
 
 def _is_continuous(var: Variable) -> bool:

@@ -1,0 +1,46 @@
+"""The repository keeps its promises: the README's commands are the ones CI and users run."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def quick_start_commands() -> list[str]:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```bash\n(.*?)```", section, flags=re.S)
+    return [
+        line.strip()
+        for block in blocks
+        for line in block.splitlines()
+        if line.strip() and not line.strip().startswith("#")
+    ]
+
+
+def test_quick_start_is_two_commands_and_ci_runs_the_test_one():
+    commands = quick_start_commands()
+    assert len(commands) == 2, commands
+    ci_script = (ROOT / ".ci" / "run").read_text()
+    assert commands[1] in ci_script.splitlines()
+
+
+def test_ruff_is_clean():
+    result = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", str(ROOT)], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_demo_runs_and_checks_itself():
+    demo = quick_start_commands()[0].split("&&")[-1].split()
+    result = subprocess.run(
+        [sys.executable, *demo[1:]], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "posterior of c" in result.stdout
