@@ -40,9 +40,7 @@ class LinearStructure:
             position = pt.arange(F.shape[0]) % b
             # Aᵀ e_j (e_j = 1 at position j of every block) holds row j of every block.
             rows = [
-                _concat_flat(
-                    grad((F * pt.eq(position, j)).sum(), xs, disconnected_inputs="ignore")
-                )
+                _concat_flat(grad((F * pt.eq(position, j)).sum(), xs, disconnected_inputs="ignore"))
                 for j in range(b)
             ]
             return pt.stack(rows).reshape((b, -1, b)).transpose(1, 0, 2)

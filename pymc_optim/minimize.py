@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from functools import cached_property
 
 import pytensor.tensor as pt
 from pytensor.gradient import grad
@@ -18,6 +17,8 @@ from pymc_optim._inner_graph import (
     build_inner_problem,
     cast_initial_guess,
 )
+from pymc_optim._linear import as_linear_structure
+from pymc_optim._newton import NewtonOp, newton_options
 from pymc_optim._solver_op import SolverOp, make_solution
 
 __all__ = ["MINIMIZE_METHODS", "MinimizeOp", "minimize"]
@@ -38,6 +39,7 @@ MINIMIZE_METHODS = (
     "trust-ncg",
     "trust-exact",
     "trust-krylov",
+    "newton",
 )
 _DERIVATIVE_FREE = {"Nelder-Mead", "Powell", "COBYLA", "COBYQA"}
 _NEEDS_JAC = {"Newton-CG", "dogleg", "trust-ncg", "trust-exact", "trust-krylov"}
@@ -53,6 +55,8 @@ def minimize(
     method: str = "BFGS",
     jac: bool = True,
     hess: bool = False,
+    structure: str = "dense",
+    block_size: int | None = None,
     optimizer_kwargs: Mapping | None = None,
 ):
     """Minimize a scalar `objective` over `x`; every other input of its graph is a parameter.
@@ -67,15 +71,25 @@ def minimize(
         Initial guess, cast to `x`'s type. When ``None``, the runtime value of `x` is the initial
         guess and `x` stays an input of the returned graph.
     method : str, default "BFGS"
-        Any method of :func:`scipy.optimize.minimize` without bounds or constraints.
+        Any method of :func:`scipy.optimize.minimize` without bounds or constraints, or
+        ``"newton"``: damped Newton with exact Hessians and an Armijo line search, compiled into
+        the graph (no scipy; runs under the JAX backend too).
     jac : bool, default True
         Give scipy the gradient of `objective` (built symbolically). Ignored by the
         derivative-free methods (Nelder-Mead, Powell, COBYLA, COBYQA).
     hess : bool, default False
         Give scipy the dense Hessian. When False, Hessian-based methods that accept a
         Hessian-vector product (Newton-CG, trust-ncg, trust-krylov, trust-constr) get one.
+    structure : {"dense", "diagonal", "block_diagonal"}, default "dense"
+        Layout of the Hessian, used by Newton steps and by the implicit gradient's solve:
+        ``"diagonal"`` when each element of x enters the objective separately (independent
+        random effects), ``"block_diagonal"`` for consecutive blocks of `block_size` elements.
+        A wrong structure gives wrong gradients: choose it from the model, not by trial.
+    block_size : int, optional
+        The block size for ``structure="block_diagonal"``.
     optimizer_kwargs : dict, optional
-        Further keyword arguments of :func:`scipy.optimize.minimize` (``tol``, ``options``).
+        Further keyword arguments of :func:`scipy.optimize.minimize` (``tol``, ``options``);
+        for ``"newton"``, ``tol`` (on max|∇f|, default 1e-8) and ``max_iter`` (default 100).
 
     Returns
     -------
@@ -119,6 +133,9 @@ def minimize(
             "Reduce it first, e.g. `objective.sum()`."
         )
     method = check_method(method, MINIMIZE_METHODS, "minimize")
+    structure = as_linear_structure(structure, block_size)
+    if method == "newton" and (hess or not jac):
+        raise ValueError("`method='newton'` always uses exact derivatives; drop `jac`/`hess`.")
     if method in _NEEDS_JAC and not jac:
         raise ValueError(f"`method` {method!r} needs the gradient; pass `jac=True`.")
     if method in _NEEDS_HESS and not hess:
@@ -143,35 +160,62 @@ def minimize(
         },
     )
     problem = build_inner_problem([objective], xs)
-    op = MinimizeOp(
-        problem,
-        method=method,
-        jac=jac and method not in _DERIVATIVE_FREE,
-        hess=hess,
-        options=options,
+    (inner_objective,) = problem.inner_outputs
+    condition = OptimalityCondition(
+        problem.inner_xs,
+        problem.inner_params,
+        grad(inner_objective, problem.inner_xs, disconnected_inputs="ignore"),
+        symmetric=True,
+        structure=structure,
     )
+    if method == "newton":
+        op = NewtonOp(
+            problem,
+            condition=condition,
+            merit=inner_objective,
+            value=inner_objective,
+            minimization=True,
+            **newton_options(options),
+        )
+    else:
+        op = MinimizeOp(
+            problem,
+            condition=condition,
+            method=method,
+            jac=jac and method not in _DERIVATIVE_FREE,
+            hess=hess,
+            options=options,
+        )
     return make_solution(op, cast_initial_guess(x0, xs, is_list), [], is_list)
 
 
 class MinimizeOp(SolverOp):
     """x* = argminₓ f(x, θ) by :func:`scipy.optimize.minimize`; see :func:`minimize`."""
 
-    def __init__(self, problem: InnerProblem, *, method: str, jac: bool, hess: bool, options):
+    def __init__(
+        self,
+        problem: InnerProblem,
+        *,
+        condition: OptimalityCondition,
+        method: str,
+        jac: bool,
+        hess: bool,
+        options,
+    ):
         super().__init__(problem)
+        self._condition = condition
         self.method = method
         self.jac = jac
         self.hess = hess
         self.options = options
 
-    @cached_property
-    def _gradients(self) -> list[TensorVariable]:
-        return grad(self.value, self.problem.inner_xs, disconnected_inputs="ignore")
-
-    @cached_property
+    @property
     def condition(self) -> OptimalityCondition:
-        return OptimalityCondition(
-            self.problem.inner_xs, self.problem.inner_params, self._gradients, symmetric=True
-        )
+        return self._condition
+
+    @property
+    def _gradients(self) -> list[TensorVariable]:
+        return list(self.condition.residual)
 
     @property
     def value(self) -> TensorVariable:

@@ -14,12 +14,13 @@ from pymc_optim import _scipy
 from pymc_optim._checks import check_method, check_optimizer_kwargs
 from pymc_optim._implicit import OptimalityCondition
 from pymc_optim._inner_graph import InnerProblem, build_inner_problem, cast_initial_guess
+from pymc_optim._newton import NewtonOp, newton_options
 from pymc_optim._scalar import as_interval, as_scalar_control, as_scalar_expression
 from pymc_optim._solver_op import SolverOp, make_solution
 
 __all__ = ["MINIMIZE_SCALAR_METHODS", "MinimizeScalarOp", "minimize_scalar"]
 
-MINIMIZE_SCALAR_METHODS = ("brent", "golden", "bounded")
+MINIMIZE_SCALAR_METHODS = ("brent", "golden", "bounded", "newton")
 
 #: scipy's default absolute tolerance on x for method="bounded".
 _BOUNDED_XATOL = 1e-5
@@ -50,7 +51,9 @@ def minimize_scalar(
         Start of the bracket search for ``"brent"``/``"golden"`` when no `bracket` is given (the
         search starts from ``(x0, x0 + 1)``). Ignored by ``"bounded"``. When ``None`` and no
         `bracket` or `bounds` is given, the runtime value of `x` is used.
-    method : {"brent", "golden", "bounded"}, default "brent"
+    method : {"brent", "golden", "bounded", "newton"}, default "brent"
+        scipy's methods, or ``"newton"``: graph-native damped Newton on f'(x) = 0 from `x0`
+        with exact derivatives and an Armijo line search on f (no scipy).
     bracket : tuple of 2 or 3 numbers or scalar expressions, optional
         Bracketing interval for ``"brent"`` and ``"golden"``, as in scipy.
     bounds : tuple of 2 numbers or scalar expressions, optional
@@ -58,7 +61,7 @@ def minimize_scalar(
         the parameters; the gradient flows to them when the minimum sits on a bound.
     optimizer_kwargs : dict, optional
         Further keyword arguments of :func:`scipy.optimize.minimize_scalar` (``tol``,
-        ``options``).
+        ``options``); for ``"newton"``, ``tol`` (on |f'|, default 1e-8) and ``max_iter``.
 
     Returns
     -------
@@ -99,6 +102,8 @@ def minimize_scalar(
             f"`bounds` are only used by `method='bounded'`; got method {method!r}. "
             "Pass `method='bounded'` or drop `bounds`."
         )
+    if method == "newton" and bracket is not None:
+        raise ValueError("`bracket` is not used by `method='newton'`; pass `x0` instead.")
     if method == "bounded" and bracket is not None:
         raise ValueError("`bracket` is not used by `method='bounded'`; pass `bounds` only.")
     options = check_optimizer_kwargs(
@@ -114,13 +119,27 @@ def minimize_scalar(
     bound_vars = []
     if bounds is not None:
         problem, bound_vars = problem.with_parameters(as_interval(bounds, "bounds", (2,)))
-    op = MinimizeScalarOp(
-        problem,
-        method=method,
-        n_bracket=len(bracket_vars),
-        inner_bounds=bound_vars,
-        options=options,
-    )
+    if method == "newton":
+        (inner_objective,) = problem.inner_outputs
+        slope = grad(inner_objective, problem.inner_xs[0])
+        op = NewtonOp(
+            problem,
+            condition=OptimalityCondition(
+                problem.inner_xs, problem.inner_params, [slope], symmetric=True
+            ),
+            merit=inner_objective,
+            value=inner_objective,
+            minimization=True,
+            **newton_options(options),
+        )
+    else:
+        op = MinimizeScalarOp(
+            problem,
+            method=method,
+            n_bracket=len(bracket_vars),
+            inner_bounds=bound_vars,
+            options=options,
+        )
     if x0 is None and (bracket is not None or bounds is not None):
         x0 = 0.0  # unused when the search interval is given; keeps `x` out of the returned graph
     return make_solution(op, cast_initial_guess(x0, [x], False), bracket_vars, False)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from functools import cached_property
 
 import numpy as np
 import pytensor.tensor as pt
@@ -18,6 +17,8 @@ from pymc_optim._inner_graph import (
     build_inner_problem,
     cast_initial_guess,
 )
+from pymc_optim._linear import as_linear_structure
+from pymc_optim._newton import NewtonOp, newton_options
 from pymc_optim._solver_op import SolverOp, make_solution
 
 __all__ = ["ROOT_METHODS", "RootOp", "root"]
@@ -33,6 +34,7 @@ ROOT_METHODS = (
     "excitingmixing",
     "krylov",
     "df-sane",
+    "newton",
 )
 _USES_JAC = {"hybr", "lm"}
 
@@ -44,6 +46,8 @@ def root(
     x0=None,
     method: str = "hybr",
     jac: bool = True,
+    structure: str = "dense",
+    block_size: int | None = None,
     optimizer_kwargs: Mapping | None = None,
 ):
     """Solve ``equations(x, θ) = 0`` for `x`; every other input of their graph is a parameter.
@@ -57,11 +61,18 @@ def root(
     x0 : number, array, TensorVariable or list of them, optional
         Initial guess, cast to `x`'s type. When ``None``, the runtime value of `x` is used.
     method : str, default "hybr"
-        Any method of :func:`scipy.optimize.root`.
+        Any method of :func:`scipy.optimize.root`, or ``"newton"``: damped Newton with the exact
+        Jacobian and an Armijo line search on ½‖F‖², compiled into the graph (no scipy).
     jac : bool, default True
         Give scipy the Jacobian (built symbolically). Only ``"hybr"`` and ``"lm"`` use it.
+    structure : {"dense", "diagonal", "block_diagonal"}, default "dense"
+        Layout of the Jacobian ∂F/∂x, used by Newton steps and the implicit gradient's solve
+        (see :func:`minimize`).
+    block_size : int, optional
+        The block size for ``structure="block_diagonal"``.
     optimizer_kwargs : dict, optional
-        Further keyword arguments of :func:`scipy.optimize.root` (``tol``, ``options``).
+        Further keyword arguments of :func:`scipy.optimize.root` (``tol``, ``options``); for
+        ``"newton"``, ``tol`` (on max|F|, default 1e-8) and ``max_iter`` (default 100).
 
     Returns
     -------
@@ -117,32 +128,59 @@ def root(
             "x0": "use the `x0` argument.",
         },
     )
+    structure = as_linear_structure(structure, block_size)
     problem = build_inner_problem(equations, xs, argument="equations")
-    op = RootOp(problem, method=method, jac=jac and method in _USES_JAC, options=options)
+    condition = OptimalityCondition(
+        problem.inner_xs,
+        problem.inner_params,
+        problem.inner_outputs,
+        symmetric=False,
+        structure=structure,
+    )
+    if method == "newton":
+        op = NewtonOp(
+            problem,
+            condition=condition,
+            merit=0.5 * (condition.flat_residual() ** 2).sum(),
+            value=residual_norm(condition),
+            minimization=False,
+            **newton_options(options),
+        )
+    else:
+        op = RootOp(
+            problem,
+            condition=condition,
+            method=method,
+            jac=jac and method in _USES_JAC,
+            options=options,
+        )
     return make_solution(op, cast_initial_guess(x0, xs, is_list), [], is_list)
+
+
+def residual_norm(condition: OptimalityCondition):
+    """‖F‖₂ on the inner variables: the `value` that root-finding Ops report."""
+    return pt.linalg.norm(condition.flat_residual())
 
 
 class RootOp(SolverOp):
     """x* with F(x*, θ) = 0 by :func:`scipy.optimize.root`; see :func:`root`."""
 
-    def __init__(self, problem: InnerProblem, *, method: str, jac: bool, options):
+    def __init__(
+        self, problem: InnerProblem, *, condition: OptimalityCondition, method: str, jac, options
+    ):
         super().__init__(problem)
+        self._condition = condition
         self.method = method
         self.jac = jac
         self.options = options
 
-    @cached_property
+    @property
     def condition(self) -> OptimalityCondition:
-        return OptimalityCondition(
-            self.problem.inner_xs,
-            self.problem.inner_params,
-            self.problem.inner_outputs,
-            symmetric=False,
-        )
+        return self._condition
 
     @property
     def value(self) -> TensorVariable:
-        return pt.linalg.norm(self.condition.flat_residual())
+        return residual_norm(self.condition)
 
     def numerical_functions(self):
         if self.jac:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from functools import cached_property
 
 from pytensor.gradient import grad
 from pytensor.tensor.variable import TensorVariable
@@ -12,6 +11,7 @@ from pymc_optim import _scipy
 from pymc_optim._checks import check_method, check_optimizer_kwargs
 from pymc_optim._implicit import OptimalityCondition
 from pymc_optim._inner_graph import InnerProblem, build_inner_problem, cast_initial_guess
+from pymc_optim._newton import NewtonOp, newton_options
 from pymc_optim._scalar import as_interval, as_scalar_control, as_scalar_expression
 from pymc_optim._solver_op import SolverOp, make_solution
 
@@ -43,13 +43,14 @@ def root_scalar(
         ``None``, the runtime value of `x`. Not used by bracketing methods.
     method : str, default "secant"
         Bracketing: ``"bisect"``, ``"brentq"``, ``"brenth"``, ``"ridder"``, ``"toms748"``;
-        open: ``"newton"`` and ``"halley"`` (given exact first and second derivatives from the
-        graph) and ``"secant"``.
+        open: ``"newton"`` (graph-native damped Newton with the exact derivative, no scipy),
+        ``"halley"`` (scipy, given exact first and second derivatives) and ``"secant"``.
     bracket : tuple of 2 numbers or scalar expressions, optional
         ``(a, b)`` with a sign change of the equation; required by the bracketing methods.
     optimizer_kwargs : dict, optional
         Further keyword arguments of :func:`scipy.optimize.root_scalar` (``xtol``, ``rtol``,
-        ``maxiter``, ``x1`` for secant).
+        ``maxiter``, ``x1`` for secant); for ``"newton"``, ``tol`` (on |F|, default 1e-8) and
+        ``max_iter`` (default 100).
 
     Returns
     -------
@@ -102,7 +103,26 @@ def root_scalar(
     )
     problem = build_inner_problem([equation], [x], argument="equation")
     bracket_vars = [] if bracket is None else as_interval(bracket, "bracket", (2,))
-    op = RootScalarOp(problem, method=method, n_bracket=len(bracket_vars), options=options)
+    condition = OptimalityCondition(
+        problem.inner_xs, problem.inner_params, problem.inner_outputs, symmetric=True
+    )
+    if method == "newton":
+        op = NewtonOp(
+            problem,
+            condition=condition,
+            merit=0.5 * problem.inner_outputs[0] ** 2,
+            value=abs(problem.inner_outputs[0]),
+            minimization=False,
+            **newton_options(options),
+        )
+    else:
+        op = RootScalarOp(
+            problem,
+            condition=condition,
+            method=method,
+            n_bracket=len(bracket_vars),
+            options=options,
+        )
     if x0 is None and bracket is not None:
         x0 = 0.0  # unused by bracketing methods; keeps `x` out of the returned graph
     return make_solution(op, cast_initial_guess(x0, [x], False), bracket_vars, False)
@@ -111,19 +131,23 @@ def root_scalar(
 class RootScalarOp(SolverOp):
     """x* with F(x*, θ) = 0 for scalar x by :func:`scipy.optimize.root_scalar`."""
 
-    def __init__(self, problem: InnerProblem, *, method: str, n_bracket: int, options):
+    def __init__(
+        self,
+        problem: InnerProblem,
+        *,
+        condition: OptimalityCondition,
+        method: str,
+        n_bracket: int,
+        options,
+    ):
         super().__init__(problem, n_extras=n_bracket)
+        self._condition = condition
         self.method = method
         self.options = options
 
-    @cached_property
+    @property
     def condition(self) -> OptimalityCondition:
-        return OptimalityCondition(
-            self.problem.inner_xs,
-            self.problem.inner_params,
-            self.problem.inner_outputs,
-            symmetric=True,
-        )
+        return self._condition
 
     @property
     def value(self) -> TensorVariable:
@@ -132,11 +156,10 @@ class RootScalarOp(SolverOp):
     def numerical_functions(self):
         (equation,) = self.problem.inner_outputs
         fns = {"equation": ([], [equation])}
-        if self.method in ("newton", "halley"):
+        if self.method == "halley":
             fprime = grad(equation, self.problem.inner_xs[0])
             fns["fprime"] = ([], [fprime])
-            if self.method == "halley":
-                fns["fprime2"] = ([], [grad(fprime, self.problem.inner_xs[0])])
+            fns["fprime2"] = ([], [grad(fprime, self.problem.inner_xs[0])])
         return fns
 
     def solve(self, fns, x0s, params, extras):
