@@ -1,7 +1,10 @@
 """pymc_optim: optimization inside probabilistic models, with implicit gradients."""
 
+import importlib.util
+
 from pymc_optim._solver_op import SolverInfo, solution_info
 from pymc_optim._warnings import PymcOptimWarning
+from pymc_optim.fixed_point import fixed_point
 from pymc_optim.minimize import minimize
 from pymc_optim.minimize_scalar import minimize_scalar
 from pymc_optim.root import root
@@ -10,6 +13,7 @@ from pymc_optim.root_scalar import root_scalar
 __all__ = [
     "PymcOptimWarning",
     "SolverInfo",
+    "fixed_point",
     "minimize",
     "minimize_scalar",
     "root",
@@ -18,3 +22,6 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+if importlib.util.find_spec("jax") is not None:
+    from pymc_optim import _jax  # noqa: F401  (registers the JAX implementations)

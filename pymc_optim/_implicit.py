@@ -55,6 +55,16 @@ class OptimalityCondition:
     def flat_residual(self) -> TensorVariable:
         return _concat_flat(self.residual)
 
+    def on(self, xs, params) -> OptimalityCondition:
+        """The same condition written on other variables (``xs`` and ``params`` substituted)."""
+        replace = dict(zip([*self.xs, *self.params], [*xs, *params], strict=True))
+        residual = graph_replace(list(self.residual), replace, strict=False)
+        return OptimalityCondition(xs, params, residual, self.symmetric, self.structure)
+
+    def residual_norm(self) -> TensorVariable:
+        """‖F‖₂: what root-finding and fixed-point solvers report as their `value`."""
+        return pt.linalg.norm(self.flat_residual())
+
     def jacobian(self) -> TensorVariable:
         """A = ∂F/∂x on the inner variables, in the compact form of `structure`."""
         return self.structure.jacobian(self.flat_residual(), self.xs)
@@ -95,14 +105,13 @@ def implicit_pullback(
             for x, g in zip(x_stars, output_grads, strict=True)
         ]
     )
+    # Stand-ins with the outer variables' types: static shapes known outside (e.g. the size of
+    # x, which a dense Jacobian's identity matrix needs) become constants of this graph.
+    condition = condition.on([x.type() for x in x_stars], [p.type() for p in outer_params])
     F = condition.flat_residual()
     w_standin = F.type("w")
     continuous = [p for p in condition.params if _is_continuous(p)]
-    continuous_grads = grad(
-        -(w_standin * F).sum(),
-        continuous,
-        disconnected_inputs="ignore",
-    )
+    continuous_grads = grad(-(w_standin * F).sum(), continuous, disconnected_inputs="ignore")
     by_param = dict(zip(continuous, continuous_grads, strict=True))
     param_grads = [by_param.get(p, pt.constant(0.0)) for p in condition.params]
 

@@ -33,6 +33,9 @@ class LinearStructure:
     def jacobian(self, F: TensorVariable, xs) -> TensorVariable:
         """A in compact form: (n, n) dense, (n,) diagonal, or (G, b, b) blocks."""
         xs = list(xs)
+        if all(None not in x.type.shape for x in xs):
+            # A is square: F has x's size, which is then a constant of the graph (JAX needs it).
+            F = pt.specify_shape(F, (sum(int(np.prod(x.type.shape)) for x in xs),))
         if self.kind == "diagonal":
             return _concat_flat(grad(F.sum(), xs, disconnected_inputs="ignore"))
         if self.kind == "block_diagonal":

@@ -138,12 +138,12 @@ class SolverOp(Op):
         if len(inputs) != expected:
             raise TypeError(f"{type(self).__name__} expects {expected} inputs, got {len(inputs)}.")
         x0s = [
-            inner.type.filter_variable(pt.as_tensor_variable(x0), allow_convert=True)
+            _compatible(inner, pt.as_tensor_variable(x0))
             for inner, x0 in zip(self.problem.inner_xs, inputs[: self.n_controls], strict=True)
         ]
         # Parameters keep their own types (PyMC graphs have boolean scalars, not only tensors).
         params = [
-            inner.type.filter_variable(p, allow_convert=True)
+            _compatible(inner, p)
             for inner, p in zip(
                 self.problem.inner_params,
                 inputs[self.n_controls : self.n_controls + self.n_params],
@@ -151,7 +151,8 @@ class SolverOp(Op):
             )
         ]
         extras = [pt.as_tensor_variable(e) for e in inputs[self.n_controls + self.n_params :]]
-        outputs = [x.type() for x in self.problem.inner_xs] + [
+        # x* takes x0's type: static shapes known outside stay known (JAX needs them).
+        outputs = [x0.type() for x0 in x0s] + [
             pt.scalar(dtype="bool"),
             pt.scalar(dtype="int64"),
             pt.scalar(dtype="int64"),
@@ -219,6 +220,13 @@ class SolverOp(Op):
 
     def __str__(self):
         return f"{type(self).__name__}{{method={getattr(self, 'method', '?')}}}"
+
+
+def _compatible(inner: Variable, outer: Variable) -> Variable:
+    """`outer`, converted to `inner`'s type only if needed (keeping a more precise static shape)."""
+    if inner.type.is_super(outer.type):
+        return outer
+    return inner.type.filter_variable(outer, allow_convert=True)
 
 
 def make_solution(

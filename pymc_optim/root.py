@@ -142,7 +142,7 @@ def root(
             problem,
             condition=condition,
             merit=0.5 * (condition.flat_residual() ** 2).sum(),
-            value=residual_norm(condition),
+            value=condition.residual_norm(),
             minimization=False,
             **newton_options(options),
         )
@@ -155,11 +155,6 @@ def root(
             options=options,
         )
     return make_solution(op, cast_initial_guess(x0, xs, is_list), [], is_list)
-
-
-def residual_norm(condition: OptimalityCondition):
-    """‖F‖₂ on the inner variables: the `value` that root-finding Ops report."""
-    return pt.linalg.norm(condition.flat_residual())
 
 
 class RootOp(SolverOp):
@@ -180,7 +175,7 @@ class RootOp(SolverOp):
 
     @property
     def value(self) -> TensorVariable:
-        return residual_norm(self.condition)
+        return self.condition.residual_norm()
 
     def numerical_functions(self):
         if self.jac:

@@ -1,0 +1,195 @@
+"""JAX backend: the graph-native loops as ``jax.lax.while_loop``; scipy-backed Ops refuse clearly.
+
+Imported by the package only when JAX is installed; registers `jax_funcify` implementations so
+that ``pytensor.function(..., mode="JAX")`` (and PyMC's numpyro/blackjax samplers) compile
+graphs that contain solver Ops.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from pytensor.compile.mode import JAX
+from pytensor.graph.fg import FunctionGraph
+from pytensor.graph.replace import graph_replace
+from pytensor.link.jax.dispatch import jax_funcify
+
+from pymc_optim._iterations import ARMIJO, MAX_BACKTRACKS
+from pymc_optim._newton import NewtonOp
+from pymc_optim._solver_op import SolverOp
+from pymc_optim.fixed_point import FixedPointOp
+
+__all__: list[str] = []
+
+
+@jax_funcify.register(SolverOp)
+def _refuse_callback_solvers(op, node=None, **kwargs):
+    raise NotImplementedError(
+        f"{op} calls scipy from Python at every iteration and cannot run under the JAX backend. "
+        "Use `method='newton'` (graph-native, runs in JAX) for minimize, root, minimize_scalar "
+        "and root_scalar, or `method='newton'`/'iteration' for fixed_point."
+    )
+
+
+def _typed_inner_inputs(op: SolverOp, node):
+    """Stand-ins for the Op's inner inputs with the static types of the node's inputs.
+
+    Shapes known outside (e.g. the size of x, which a dense Jacobian's identity matrix needs)
+    then become constants of the inner graphs, as JAX requires.
+    """
+    inner = [*op.problem.inner_xs, *op.problem.inner_params]
+    typed = [outer.type() for outer in node.inputs[: len(inner)]]
+    return typed[: op.n_controls], typed[op.n_controls :]
+
+
+def _jax_function(inputs, outputs):
+    """A JAX function of `inputs` computing `outputs`, rewritten as the JAX mode does."""
+    fgraph = FunctionGraph(list(inputs), list(outputs), clone=True)
+    JAX.optimizer(fgraph)
+    return jax_funcify(fgraph)
+
+
+def _on(op: SolverOp, xs, params, outputs):
+    """`outputs` of `op`'s inner graph written on the stand-ins `xs` and `params`."""
+    inner = [*op.problem.inner_xs, *op.problem.inner_params]
+    return graph_replace(list(outputs), dict(zip(inner, [*xs, *params], strict=True)), strict=False)
+
+
+class _Flat:
+    """Pack several arrays into one vector and back, with shapes fixed at trace time."""
+
+    def __init__(self, arrays):
+        self.shapes = [a.shape for a in arrays]
+        self.dtypes = [a.dtype for a in arrays]
+        self.sizes = [int(jnp.size(a)) for a in arrays]
+
+    def pack(self, arrays):
+        return jnp.concatenate([jnp.ravel(a).astype(jnp.float64) for a in arrays])
+
+    def unpack(self, z):
+        out, start = [], 0
+        for shape, dtype, size in zip(self.shapes, self.dtypes, self.sizes, strict=True):
+            out.append(z[start : start + size].reshape(shape).astype(dtype))
+            start += size
+        return out
+
+
+def _solve(structure, A, rhs):
+    if structure.kind == "diagonal":
+        return rhs / A
+    if structure.kind == "block_diagonal":
+        return jnp.linalg.solve(A, rhs.reshape(-1, structure.block_size, 1)).reshape(-1)
+    return jnp.linalg.solve(A, rhs)
+
+
+@jax_funcify.register(NewtonOp)
+def _newton_jax(op: NewtonOp, node=None, **kwargs):
+    xs, params = _typed_inner_inputs(op, node)
+    condition = op.condition.on(xs, params)
+    (merit,) = _on(op, xs, params, [op.merit])
+    system_fn = _jax_function(
+        [*xs, *params], [merit, condition.flat_residual(), condition.jacobian()]
+    )
+    merit_fn = _jax_function([*xs, *params], [merit])
+    n_controls, n_params = op.n_controls, op.n_params
+    structure, tol, max_iter, minimization = (
+        condition.structure,
+        op.tol,
+        op.max_iter,
+        op.minimization,
+    )
+
+    def newton(*inputs):
+        x0s, params = inputs[:n_controls], inputs[n_controls : n_controls + n_params]
+        flat = _Flat(x0s)
+
+        def system(z):
+            m, F, A = system_fn(*flat.unpack(z), *params)
+            return m.astype(jnp.float64), F.astype(jnp.float64), A
+
+        def merit(z):
+            (m,) = merit_fn(*flat.unpack(z), *params)
+            return m.astype(jnp.float64)
+
+        def converged(F):
+            return jnp.max(jnp.abs(F), initial=0.0) <= tol
+
+        def finite(m, F):
+            return jnp.isfinite(m) & jnp.all(jnp.isfinite(F))
+
+        def cond(state):
+            it, _, m, F, _, _, stalled = state
+            return (it < max_iter) & finite(m, F) & ~converged(F) & ~stalled
+
+        def body(state):
+            it, z, m, F, A, nfev, _ = state
+            d = -_solve(structure, A, F)
+            if minimization:
+                slope = F @ d
+                bad = ~jnp.isfinite(slope) | (slope >= 0)
+                d = jnp.where(bad, -F, d)
+                slope = jnp.where(bad, -(F @ F), slope)
+            else:
+                slope = -2.0 * m
+
+            def ls_cond(ls):
+                k, t, accepted = ls
+                return (k < MAX_BACKTRACKS) & ~accepted
+
+            def ls_body(ls):
+                k, t, _ = ls
+                accepted = merit(z + t * d) <= m + ARMIJO * t * slope
+                return k + 1, jnp.where(accepted, t, 0.5 * t), accepted
+
+            k, t, accepted = jax.lax.while_loop(ls_cond, ls_body, (0, 1.0, False))
+            z_new = jnp.where(accepted, z + t * d, z)
+            m_new, F_new, A_new = system(z_new)
+            return it + 1, z_new, m_new, F_new, A_new, nfev + k + 1, ~accepted
+
+        z0 = flat.pack(x0s)
+        m0, F0, A0 = system(z0)
+        it, z, m, F, _, nfev, _ = jax.lax.while_loop(cond, body, (0, z0, m0, F0, A0, 1, False))
+        success = finite(m, F) & converged(F)
+        return (
+            *flat.unpack(z),
+            success,
+            jnp.asarray(it, jnp.int64),
+            jnp.asarray(nfev, jnp.int64),
+        )
+
+    return newton
+
+
+@jax_funcify.register(FixedPointOp)
+def _fixed_point_jax(op: FixedPointOp, node=None, **kwargs):
+    if op.method != "iteration":
+        raise NotImplementedError(
+            f"`fixed_point(method={op.method!r})` has no JAX implementation yet; use "
+            "`method='newton'` or `method='iteration'` under the JAX backend."
+        )
+    xs, params = _typed_inner_inputs(op, node)
+    update_fn = _jax_function([*xs, *params], _on(op, xs, params, [op.flat_update]))
+    n_controls, n_params, tol, max_iter = op.n_controls, op.n_params, op.tol, op.max_iter
+
+    def fixed_point(*inputs):
+        x0s, params = inputs[:n_controls], inputs[n_controls : n_controls + n_params]
+        flat = _Flat(x0s)
+
+        def update(z):
+            return update_fn(*flat.unpack(z), *params)[0].astype(jnp.float64)
+
+        def cond(state):
+            it, _, step = state
+            return (it < max_iter) & (step > tol)  # False for NaN
+
+        def body(state):
+            it, z, _ = state
+            z_new = update(z)
+            return it + 1, z_new, jnp.max(jnp.abs(z_new - z), initial=0.0)
+
+        it, z, step = jax.lax.while_loop(cond, body, (0, flat.pack(x0s), jnp.inf))
+        success = jnp.isfinite(step) & (step <= tol)
+        it = jnp.asarray(it, jnp.int64)
+        return (*flat.unpack(z), success, it, it)
+
+    return fixed_point
