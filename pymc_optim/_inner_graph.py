@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytensor.tensor as pt
 from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.replace import graph_replace
-from pytensor.graph.traversal import ancestors, io_toposort
+from pytensor.graph.traversal import ancestors, graph_inputs, io_toposort
 from pytensor.tensor.random.op import RandomVariable
 from pytensor.tensor.variable import TensorVariable
 
@@ -150,7 +150,7 @@ def build_inner_problem(
         if not any(inp in depends_on_x for inp in node.inputs):
             continue
         for inp in node.inputs:
-            if inp in depends_on_x or inp in seen or isinstance(inp, Constant):
+            if inp in depends_on_x or inp in seen or _is_constant_expression(inp):
                 continue
             seen.add(inp)
             _reject_unregistered_random_draw(inp, argument)
@@ -161,6 +161,11 @@ def build_inner_problem(
     replace = dict(zip([*xs, *frontier], [*inner_xs, *inner_params], strict=True))
     inner_outputs = graph_replace(outputs, replace=replace, strict=False)
     return InnerProblem(inner_xs, inner_params, list(inner_outputs), frontier)
+
+
+def _is_constant_expression(var: Variable) -> bool:
+    """Constants and expressions of constants only (e.g. a broadcast literal) stay inside."""
+    return all(isinstance(root, Constant) for root in graph_inputs([var]))
 
 
 def _reject_unregistered_random_draw(var: Variable, argument: str) -> None:

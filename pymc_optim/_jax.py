@@ -59,6 +59,7 @@ class _Flat:
     """Pack several arrays into one vector and back, with shapes fixed at trace time."""
 
     def __init__(self, arrays):
+        arrays = [jnp.asarray(a) for a in arrays]  # constants arrive as Python numbers
         self.shapes = [a.shape for a in arrays]
         self.dtypes = [a.dtype for a in arrays]
         self.sizes = [int(jnp.size(a)) for a in arrays]

@@ -62,9 +62,11 @@ class LinearStructure:
         if transposed and not symmetric:
             A = A.mT
         if self.kind == "block_diagonal":
-            y = pt.linalg.solve(A, rhs.reshape((-1, self.block_size)), assume_a=assume_a, b_ndim=1)
-            return y.reshape((-1,))
-        return pt.linalg.solve(A, rhs, assume_a=assume_a, b_ndim=1)
+            rhs = rhs.reshape((-1, self.block_size))
+        # Solve as a one-column matrix: when A is singular or NaN (after a failed solve) the
+        # installed Solve returns NaN shaped like A, and a column keeps that the right shape.
+        y = pt.linalg.solve(A, rhs[..., None], assume_a=assume_a, b_ndim=2)[..., 0]
+        return y.reshape((-1,))
 
     # --- numerical (the graph-native solvers' perform) -----------------------------------------
     def solve_numpy(self, A: np.ndarray, rhs: np.ndarray) -> np.ndarray:

@@ -11,7 +11,7 @@ import pytensor.tensor as pt
 from pytensor.gradient import DisconnectedType
 from pytensor.graph.basic import Apply, Variable
 from pytensor.graph.op import Op
-from pytensor.graph.replace import graph_replace
+from pytensor.graph.replace import vectorize_graph
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_optim._implicit import OptimalityCondition, implicit_pullback
@@ -84,7 +84,8 @@ def solution_info(x_star: TensorVariable | Sequence[TensorVariable]) -> SolverIn
     params = node.inputs[op.n_controls : op.n_controls + op.n_params]
     replace = dict(zip(op.problem.inner_xs, x_stars, strict=True))
     replace.update(zip(op.problem.inner_params, params, strict=True))
-    value = graph_replace(op.value, replace, strict=False)
+    # vectorize_graph also covers batched (Blockwise) solves, where x* has batch dimensions
+    value = vectorize_graph(op.value, replace)
     success, n_iterations, n_evaluations = outs[op.n_controls :]
     return SolverInfo(success, value, n_iterations, n_evaluations)
 

@@ -1,0 +1,360 @@
+"""The solver Op's mechanics (mirrors pymc_optim/_solver_op.py).
+
+`solution_info` against direct scipy calls, failure reported as data, pickling (``pm.sample``
+with ``cores>1`` pickles the compiled functions), the connection pattern and shape inference,
+and the NUMBA backend (where the scipy-backed Op runs in object mode).
+"""
+
+import pickle
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+import pytest
+import scipy.optimize
+from pytensor.gradient import DisconnectedInputError
+from pytensor.graph.replace import vectorize_graph
+
+import pymc_optim as pmo
+from pymc_optim._solver_op import SolverOp
+
+#: pytensor says so (a UserWarning) each time a scipy-backed Op is compiled for NUMBA.
+NUMBA_OBJECT_MODE = "ignore:Numba will use object mode to run .*perform method:UserWarning"
+
+
+@pytest.fixture
+def x():
+    return pt.vector("x", shape=(2,))
+
+
+@pytest.fixture
+def a():
+    return pt.vector("a", shape=(2,))
+
+
+@pytest.fixture
+def s():
+    return pt.scalar("s")
+
+
+@pytest.fixture
+def b():
+    return pt.scalar("b")
+
+
+A_VAL = np.array([1.0, 2.0])
+B_VAL = 5.0
+
+
+# --- four small problems, each with its numpy twin for direct scipy calls -------------------
+
+
+def quartic(x, a):
+    """f(x) = |x - a|² + 0.1 Σ x⁴ + 1: strictly convex, minimizer not in closed form."""
+    return ((x - a) ** 2).sum() + 0.1 * (x**4).sum() + 1.0
+
+
+def quartic_np(z, a):
+    return float(quartic(z, a)), 2 * (z - a) + 0.4 * z**3
+
+
+def cubic_system(x, a):
+    """The scipy.optimize.root documentation's example, shifted by a."""
+    return pt.stack(
+        [x[0] + 0.5 * (x[0] - x[1]) ** 3 - a[0], 0.5 * (x[1] - x[0]) ** 3 + x[1] - a[1]]
+    )
+
+
+def cubic_system_np(z, a):
+    d = z[0] - z[1]
+    F = np.array([z[0] + 0.5 * d**3 - a[0], -0.5 * d**3 + z[1] - a[1]])
+    J = np.array([[1 + 1.5 * d**2, -1.5 * d**2], [-1.5 * d**2, 1 + 1.5 * d**2]])
+    return F, J
+
+
+def scalar_objective(s, b):
+    return (s - b) ** 2 + 0.1 * s**4
+
+
+def cube_root_equation(s, b):
+    return s**3 - b
+
+
+# --- solution_info --------------------------------------------------------------------------
+
+
+def test_solution_info_of_minimize_matches_scipy(x, a):
+    x_star, success = pmo.minimize(quartic(x, a), x, x0=np.zeros(2), method="BFGS")
+    info = pmo.solution_info(x_star)
+    assert info.success is success
+    out = pytensor.function([a], [x_star, *info])(A_VAL)
+    ref = scipy.optimize.minimize(quartic_np, np.zeros(2), args=(A_VAL,), jac=True, method="BFGS")
+    x_val, ok, value, nit, nfev = out
+    assert ok and ref.success
+    np.testing.assert_allclose(x_val, ref.x, rtol=1e-12)
+    np.testing.assert_allclose(value, ref.fun, rtol=1e-12)
+    assert (int(nit), int(nfev)) == (ref.nit, ref.nfev)
+    assert (value.dtype, nit.dtype, nfev.dtype, ok.dtype) == ("float64", "int64", "int64", "bool")
+
+
+def test_solution_info_of_root_reports_the_residual_norm(x, a):
+    x_star, success = pmo.root(cubic_system(x, a), x, x0=np.zeros(2), method="hybr")
+    info = pmo.solution_info(x_star)
+    x_val, ok, value, nit, nfev = pytensor.function([a], [x_star, *info])(A_VAL)
+    ref = scipy.optimize.root(cubic_system_np, np.zeros(2), args=(A_VAL,), jac=True, method="hybr")
+    assert ok and ref.success
+    np.testing.assert_allclose(x_val, ref.x, rtol=1e-12)
+    np.testing.assert_allclose(value, np.linalg.norm(cubic_system_np(x_val, A_VAL)[0]), atol=1e-15)
+    assert value < 1e-10
+    assert int(nit) == -1  # scipy's hybr does not count iterations
+    assert int(nfev) == ref.nfev
+
+
+def test_solution_info_of_minimize_scalar_matches_scipy(s, b):
+    x_star, _ = pmo.minimize_scalar(scalar_objective(s, b), s, bracket=(0.0, 1.0))
+    x_val, ok, value, nit, nfev = pytensor.function([b], [x_star, *pmo.solution_info(x_star)])(
+        B_VAL
+    )
+    ref = scipy.optimize.minimize_scalar(
+        lambda z: scalar_objective(z, B_VAL), bracket=(0.0, 1.0), method="brent"
+    )
+    assert ok and ref.success
+    # pytensor's and Python's float pow differ in the last bit, which moves brent's final
+    # parabolic steps by ~1e-12 (far inside its 1.5e-8 tolerance)
+    np.testing.assert_allclose(x_val, ref.x, rtol=1e-10)
+    np.testing.assert_allclose(value, ref.fun, rtol=1e-12)
+    assert (int(nit), int(nfev)) == (ref.nit, ref.nfev)
+
+
+def test_solution_info_of_root_scalar_matches_scipy(s, b):
+    x_star, _ = pmo.root_scalar(cube_root_equation(s, b), s, method="brentq", bracket=(0.0, 3.0))
+    x_val, ok, value, nit, nfev = pytensor.function([b], [x_star, *pmo.solution_info(x_star)])(
+        B_VAL
+    )
+    ref = scipy.optimize.root_scalar(
+        lambda z: cube_root_equation(z, B_VAL), method="brentq", bracket=(0.0, 3.0)
+    )
+    assert ok and ref.converged
+    np.testing.assert_allclose(x_val, ref.root, rtol=1e-12)
+    np.testing.assert_allclose(value, abs(x_val**3 - B_VAL), rtol=0, atol=1e-15)
+    assert (int(nit), int(nfev)) == (ref.iterations, ref.function_calls)
+
+
+def test_solution_info_of_a_list_x(a):
+    x, y = pt.vector("x", shape=(2,)), pt.scalar("y")
+    objective = ((x - a) ** 2).sum() + (y - 1.0) ** 2 + 7.0
+    (x_star, y_star), success = pmo.minimize(objective, [x, y], x0=[np.zeros(2), 0.0])
+    for solution in ([x_star, y_star], x_star, y_star):
+        info = pmo.solution_info(solution)
+        assert info.success is success
+        np.testing.assert_allclose(info.value.eval({a: A_VAL}), 7.0, rtol=1e-9)
+
+
+def test_the_value_is_differentiable_by_the_envelope_theorem(x, a):
+    # d f(x*(a), a)/da = ∂f/∂a at x*, because ∇ₓf(x*) = 0. A Newton method converges to
+    # ‖∇ₓf‖ ≈ 1e-12 here, so the two sides agree far beyond finite-difference accuracy.
+    x_star, _ = pmo.minimize(
+        quartic(x, a),
+        x,
+        x0=np.zeros(2),
+        method="trust-exact",
+        hess=True,
+        optimizer_kwargs={"options": {"gtol": 1e-12}},
+    )
+    value = pmo.solution_info(x_star).value
+    fn = pytensor.function([a], [value, pt.grad(value, a), -2 * (x_star - a), x_star])
+    val, grad_value, partial_a, x_val = fn(A_VAL)
+    np.testing.assert_allclose(grad_value, partial_a, rtol=1e-10)
+    np.testing.assert_allclose(grad_value, -2 * (x_val - A_VAL), rtol=1e-10)
+    # and against central differences of the value itself: eps = 1e-6 balances the O(eps²)
+    # truncation against the O(1e-16 / eps) rounding of a value of order 1
+    eps = 1e-6
+    value_fn = pytensor.function([a], value)
+    fd = [(value_fn(A_VAL + eps * e) - value_fn(A_VAL - eps * e)) / (2 * eps) for e in np.eye(2)]
+    np.testing.assert_allclose(grad_value, fd, rtol=1e-8)
+
+
+def test_the_value_of_a_scalar_minimum_is_differentiable(s, b):
+    x_star, _ = pmo.minimize_scalar(
+        scalar_objective(s, b), s, bracket=(0.0, 1.0), optimizer_kwargs={"tol": 1e-12}
+    )
+    value = pmo.solution_info(x_star).value
+    grad_value, x_val = pytensor.function([b], [pt.grad(value, b), x_star])(B_VAL)
+    # brent stops within ~1e-8 of x* (its tolerance is floored at sqrt(machine eps) relative)
+    np.testing.assert_allclose(grad_value, -2 * (x_val - B_VAL), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "not_a_solution",
+    [
+        lambda x, a: x + a,
+        lambda x, a: x,
+        lambda x, a: pmo.minimize(((x - a) ** 2).sum(), x)[0] + 1.0,
+    ],
+    ids=["expression", "root-variable", "function-of-a-solution"],
+)
+def test_solution_info_refuses_other_variables(x, a, not_a_solution):
+    with pytest.raises(TypeError, match=r"`x_star` must be a solution returned by a pymc_optim"):
+        pmo.solution_info(not_a_solution(x, a))
+
+
+def test_solution_info_of_a_vectorized_solve(x, a):
+    x_star, _ = pmo.minimize(((x - a) ** 2).sum() + 1.0, x, x0=np.zeros(2))
+    batch = pt.matrix("batch", shape=(3, 2))
+    x_batched = vectorize_graph(x_star, {a: batch})
+    info = pmo.solution_info(x_batched)
+    np.testing.assert_allclose(info.value.eval({batch: np.ones((3, 2))}), np.ones(3), rtol=1e-9)
+
+
+# --- failure is data ------------------------------------------------------------------------
+
+
+def test_a_bracket_without_sign_change_gives_nan_not_an_exception(s, b):
+    x_star, success = pmo.root_scalar(s**2 - b, s, method="brentq", bracket=(0.0, 3.0))
+    info = pmo.solution_info(x_star)
+    fn = pytensor.function([b], [x_star, success, info.n_iterations, pt.grad(x_star, b)])
+    x_val, ok, nit, grad = fn(16.0)  # the root 4 lies outside the bracket
+    assert not ok
+    assert np.isnan(x_val) and np.isnan(grad)
+    assert int(nit) == -1
+    # the same compiled function still solves a good case afterwards
+    x_val, ok, _, grad = fn(4.0)
+    assert ok
+    np.testing.assert_allclose([x_val, grad], [2.0, 0.25], rtol=1e-9)
+
+
+def test_a_nan_objective_gives_success_false(x, a, b):
+    # sqrt(b) is NaN for b < 0, so every objective value is NaN (its x-gradient is not)
+    x_star, success = pmo.minimize(((x - a) ** 2).sum() + pt.sqrt(b), x, x0=np.zeros(2))
+    fn = pytensor.function([a, b], success)
+    assert fn(A_VAL, 1.0)
+    assert not fn(A_VAL, -1.0)
+
+
+def test_a_nan_gradient_gives_success_false(x, a, b):
+    x_star, success = pmo.minimize(pt.sqrt(b) * ((x - a) ** 2).sum(), x, x0=np.zeros(2))
+    fn = pytensor.function([a, b], success)
+    assert fn(A_VAL, 1.0)
+    assert not fn(A_VAL, -1.0)
+
+
+@pytest.mark.xfail(
+    reason="bug (pytensor Solve.perform): when the implicit linear solve raises LinAlgError, "
+    "pytensor fills its output with NaN of the *matrix's* shape, so the gradient of a failed "
+    "solve has shape (2, 2) instead of (2,)",
+    strict=True,
+)
+def test_the_gradient_of_a_failed_solve_is_nan_of_the_right_shape(x, a, b):
+    x_star, success = pmo.minimize(pt.sqrt(b) * ((x - a) ** 2).sum(), x, x0=np.zeros(2))
+    fn = pytensor.function([a, b], [success, pt.grad(x_star.sum(), a)])
+    ok, grad = fn(A_VAL, -1.0)
+    assert not ok
+    assert grad.shape == (2,)
+    assert np.isnan(grad).all()
+
+
+# --- Op mechanics ---------------------------------------------------------------------------
+
+
+def test_make_node_checks_the_number_of_inputs(x, a):
+    x_star, _ = pmo.minimize(((x - a) ** 2).sum(), x, x0=np.zeros(2))
+    op = x_star.owner.op
+    with pytest.raises(TypeError, match=r"MinimizeOp expects \d+ inputs, got 1\."):
+        op(np.zeros(2))
+
+
+def test_the_op_prints_its_method(x, a):
+    x_star, _ = pmo.root(x - a, x, x0=np.zeros(2), method="lm")
+    assert str(x_star.owner.op) == "RootOp{method=lm}"
+
+
+def test_the_solution_does_not_depend_on_x0_or_a_bracket(s, b):
+    start = pt.scalar("start")
+    x_star, success = pmo.minimize((s - b) ** 2, s, x0=start)
+    np.testing.assert_allclose(pt.grad(x_star, b).eval({b: 3.0, start: 0.0}), 1.0, rtol=1e-6)
+    with pytest.raises(DisconnectedInputError):
+        pt.grad(x_star, start)
+    assert pt.grad(x_star, start, disconnected_inputs="ignore").eval({start: 0.0}) == 0.0
+
+    lower = pt.scalar("lower")
+    r_star, _ = pmo.root_scalar(s - b, s, method="bisect", bracket=(lower, 10.0))
+    with pytest.raises(DisconnectedInputError):
+        pt.grad(r_star, lower)
+
+
+def test_success_and_counters_are_not_differentiable(x, a):
+    x_star, success = pmo.minimize(((x - a) ** 2).sum(), x, x0=np.zeros(2))
+    info = pmo.solution_info(x_star)
+    for output in (success, info.n_iterations, info.n_evaluations):
+        with pytest.raises(DisconnectedInputError):
+            pt.grad(output.astype("float64"), a)
+
+
+def test_the_shape_of_the_solution_needs_no_solve():
+    x, a = pt.matrix("x"), pt.matrix("a")
+    x_star, _ = pmo.minimize(((x - a) ** 2).sum(), x, x0=pt.zeros_like(a))
+    fn = pytensor.function([a], x_star.shape)
+    assert not any(isinstance(node.op, SolverOp) for node in fn.maker.fgraph.toposort())
+    np.testing.assert_array_equal(fn(np.ones((3, 4))), [3, 4])
+
+
+# --- pickling -------------------------------------------------------------------------------
+
+
+def test_a_compiled_function_pickles_before_and_after_it_ran(x, a):
+    x_star, success = pmo.minimize(quartic(x, a), x, x0=np.zeros(2))
+    fn = pytensor.function([a], [x_star, success, pt.grad(x_star.sum(), a)])
+    fresh = pickle.loads(pickle.dumps(fn))
+    expected = fn(A_VAL)  # compiles the Op's inner functions, which do not pickle
+    used = pickle.loads(pickle.dumps(fn))
+    for restored in (fresh, used):
+        for got, want in zip(restored(A_VAL), expected, strict=True):
+            np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda x, s, a, b: pmo.minimize(quartic(x, a), x, x0=np.zeros(2))[0],
+        lambda x, s, a, b: pmo.root(cubic_system(x, a), x, x0=np.zeros(2))[0],
+        lambda x, s, a, b: pmo.minimize_scalar(scalar_objective(s, b), s, x0=0.0)[0],
+        lambda x, s, a, b: pmo.root_scalar(s**3 - b, s, method="brentq", bracket=(0.0, 3.0))[0],
+    ],
+    ids=["minimize", "root", "minimize_scalar", "root_scalar"],
+)
+def test_the_graph_and_its_gradient_pickle(x, s, a, b, build):
+    x_star = build(x, s, a, b)
+    loss = (x_star**2).sum()
+    grads = pt.grad(loss, [a, b], disconnected_inputs="ignore")
+    fn = pytensor.function([a, b], [x_star, *grads], on_unused_input="ignore")
+    expected = fn(A_VAL, B_VAL)
+    x_star2, a2, b2, loss2 = pickle.loads(pickle.dumps((x_star, a, b, loss)))
+    grads2 = pt.grad(loss2, [a2, b2], disconnected_inputs="ignore")
+    fn2 = pytensor.function([a2, b2], [x_star2, *grads2], on_unused_input="ignore")
+    for got, want in zip(fn2(A_VAL, B_VAL), expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+# --- the NUMBA backend ----------------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings(NUMBA_OBJECT_MODE)
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda x, s, a, b: pmo.minimize(quartic(x, a), x, x0=np.zeros(2))[0],
+        lambda x, s, a, b: pmo.root(cubic_system(x, a), x, x0=np.zeros(2))[0],
+        lambda x, s, a, b: pmo.minimize_scalar(scalar_objective(s, b), s, x0=0.0)[0],
+        lambda x, s, a, b: pmo.root_scalar(s**3 - b, s, method="brentq", bracket=(0.0, 3.0))[0],
+    ],
+    ids=["minimize", "root", "minimize_scalar", "root_scalar"],
+)
+def test_numba_mode_gives_the_same_values_and_gradients(x, s, a, b, build):
+    x_star = build(x, s, a, b)
+    info = pmo.solution_info(x_star)
+    loss = (x_star**2).sum() + a.sum() * b
+    outputs = [x_star, info.success, info.value, *pt.grad(loss, [a, b])]
+    default = pytensor.function([a, b], outputs)
+    numba = pytensor.function([a, b], outputs, mode="NUMBA")
+    for got, want in zip(numba(A_VAL, B_VAL), default(A_VAL, B_VAL), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-14)
