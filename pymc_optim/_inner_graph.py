@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytensor.tensor as pt
 from pytensor.graph.basic import Constant, Variable
-from pytensor.graph.replace import graph_replace
+from pytensor.graph.replace import clone_replace
 from pytensor.graph.traversal import ancestors, graph_inputs, io_toposort
 from pytensor.tensor.random.op import RandomVariable
 from pytensor.tensor.variable import TensorVariable
@@ -159,7 +159,7 @@ def build_inner_problem(
     inner_xs = [xi.type(name=xi.name) for xi in xs]
     inner_params = [p.type(name=p.name) for p in frontier]
     replace = dict(zip([*xs, *frontier], [*inner_xs, *inner_params], strict=True))
-    inner_outputs = graph_replace(outputs, replace=replace, strict=False)
+    inner_outputs = clone_replace(outputs, replace=replace)
     return InnerProblem(inner_xs, inner_params, list(inner_outputs), frontier)
 
 

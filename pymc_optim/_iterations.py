@@ -11,16 +11,35 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["ARMIJO", "MAX_BACKTRACKS", "anderson", "fixed_point_iteration", "newton"]
+__all__ = [
+    "ARMIJO",
+    "MAX_BACKTRACKS",
+    "ROUNDING",
+    "STEP_TOL",
+    "anderson",
+    "fixed_point_iteration",
+    "newton",
+]
 
 #: Sufficient-decrease constant of the Armijo line search (the customary 1e-4, Nocedal & Wright).
 ARMIJO = 1e-4
 #: Step halvings before the line search gives up: 2⁻³⁰ ≈ 1e-9 of the Newton step.
 MAX_BACKTRACKS = 30
+#: A full Newton step this small relative to x means convergence to machine precision (the next
+#: error is ~its square), even when max|F| ≤ tol is out of reach in floating point, as for the
+#: gradient of a very sharply curved objective.
+STEP_TOL = 1e-10
+#: For minimization: when the Newton step's predicted decrease gᵀH⁻¹g is below 16 ulp of the
+#: objective, no line search can see progress any more: the minimum is found to rounding error.
+ROUNDING = 16 * np.finfo("float64").eps
 
 
 def newton(system, merit, z0, *, structure, minimization: bool, tol: float, max_iter: int):
     """Damped Newton on F(z) = 0 with an Armijo backtracking line search on a merit function.
+
+    Stops with success when max|F| ≤ tol, or when a full Newton step (a descent direction) is
+    negligible: tiny relative to z (`STEP_TOL`) or, for minimization, predicting a decrease
+    below the objective's rounding error (`ROUNDING`).
 
     `system(z)` returns ``(merit, F, A)`` with A compact in `structure`; `merit(z)` the merit
     alone. For minimization the merit is the objective and F its gradient (a non-descent Newton
@@ -43,12 +62,15 @@ def newton(system, merit, z0, *, structure, minimization: bool, tol: float, max_
             d = None
         if minimization:
             slope = float(F @ d) if d is not None else np.inf
-            if not np.isfinite(slope) or slope >= 0:
+            is_newton_step = np.isfinite(slope) and slope < 0
+            if not is_newton_step:
                 d, slope = -F, -float(F @ F)
         elif d is None or not np.all(np.isfinite(d)):
             return z, False, iteration, n_evaluations
         else:
-            slope = -2.0 * m
+            slope, is_newton_step = -2.0 * m, True
+        if is_newton_step and newton_step_is_negligible(d, z, slope, m, minimization):
+            return z + d, True, iteration + 1, n_evaluations
         t = 1.0
         for _ in range(MAX_BACKTRACKS):
             trial = merit(z + t * d)
@@ -62,6 +84,13 @@ def newton(system, merit, z0, *, structure, minimization: bool, tol: float, max_
         m, F, A = system(z)
         n_evaluations += 1
     return z, False, max_iter, n_evaluations
+
+
+def newton_step_is_negligible(d, z, slope, m, minimization: bool) -> bool:
+    """See `STEP_TOL` and `ROUNDING`."""
+    tiny_step = np.max(np.abs(d), initial=0.0) <= STEP_TOL * (1.0 + np.max(np.abs(z), initial=0.0))
+    unseen_decrease = minimization and -slope <= ROUNDING * (1.0 + abs(m))
+    return bool(tiny_step or unseen_decrease)
 
 
 def fixed_point_iteration(update, z0, *, tol: float, max_iter: int):

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from pytensor.compile.mode import JAX
 from pytensor.graph.fg import FunctionGraph
 from pytensor.graph.replace import graph_replace
 from pytensor.link.jax.dispatch import jax_funcify
 
-from pymc_optim._iterations import ARMIJO, MAX_BACKTRACKS
+from pymc_optim._implicit import implicit_pullback
+from pymc_optim._iterations import ARMIJO, MAX_BACKTRACKS, ROUNDING, STEP_TOL
 from pymc_optim._newton import NewtonOp
 from pymc_optim._solver_op import SolverOp
 from pymc_optim.fixed_point import FixedPointOp
@@ -119,23 +121,30 @@ def _newton_jax(op: NewtonOp, node=None, **kwargs):
             return jnp.isfinite(m) & jnp.all(jnp.isfinite(F))
 
         def cond(state):
-            it, _, m, F, _, _, stalled = state
-            return (it < max_iter) & finite(m, F) & ~converged(F) & ~stalled
+            it, _, m, F, _, _, stalled, negligible = state
+            return (it < max_iter) & finite(m, F) & ~converged(F) & ~stalled & ~negligible
 
         def body(state):
-            it, z, m, F, A, nfev, _ = state
+            it, z, m, F, A, nfev, _, _ = state
             d = -_solve(structure, A, F)
             if minimization:
                 slope = F @ d
-                bad = ~jnp.isfinite(slope) | (slope >= 0)
-                d = jnp.where(bad, -F, d)
-                slope = jnp.where(bad, -(F @ F), slope)
+                is_newton_step = jnp.isfinite(slope) & (slope < 0)
+                d = jnp.where(is_newton_step, d, -F)
+                slope = jnp.where(is_newton_step, slope, -(F @ F))
             else:
-                slope = -2.0 * m
+                slope, is_newton_step = -2.0 * m, jnp.all(jnp.isfinite(d))
+            # the same rules as _iterations.newton_step_is_negligible
+            negligible = jnp.max(jnp.abs(d), initial=0.0) <= STEP_TOL * (
+                1.0 + jnp.max(jnp.abs(z), initial=0.0)
+            )
+            if minimization:
+                negligible = negligible | (-slope <= ROUNDING * (1.0 + jnp.abs(m)))
+            negligible = is_newton_step & negligible
 
             def ls_cond(ls):
                 k, t, accepted = ls
-                return (k < MAX_BACKTRACKS) & ~accepted
+                return (k < MAX_BACKTRACKS) & ~accepted & ~negligible
 
             def ls_body(ls):
                 k, t, _ = ls
@@ -143,14 +152,16 @@ def _newton_jax(op: NewtonOp, node=None, **kwargs):
                 return k + 1, jnp.where(accepted, t, 0.5 * t), accepted
 
             k, t, accepted = jax.lax.while_loop(ls_cond, ls_body, (0, 1.0, False))
+            accepted = accepted | negligible
             z_new = jnp.where(accepted, z + t * d, z)
             m_new, F_new, A_new = system(z_new)
-            return it + 1, z_new, m_new, F_new, A_new, nfev + k + 1, ~accepted
+            return it + 1, z_new, m_new, F_new, A_new, nfev + k + 1, ~accepted, negligible
 
         z0 = flat.pack(x0s)
         m0, F0, A0 = system(z0)
-        it, z, m, F, _, nfev, _ = jax.lax.while_loop(cond, body, (0, z0, m0, F0, A0, 1, False))
-        success = finite(m, F) & converged(F)
+        init = (0, z0, m0, F0, A0, 1, False, False)
+        it, z, m, F, _, nfev, _, negligible = jax.lax.while_loop(cond, body, init)
+        success = finite(m, F) & (converged(F) | negligible)
         return (
             *flat.unpack(z),
             success,
@@ -158,7 +169,7 @@ def _newton_jax(op: NewtonOp, node=None, **kwargs):
             jnp.asarray(nfev, jnp.int64),
         )
 
-    return newton
+    return _with_implicit_vjp(op, node, newton)
 
 
 @jax_funcify.register(FixedPointOp)
@@ -193,4 +204,51 @@ def _fixed_point_jax(op: FixedPointOp, node=None, **kwargs):
         it = jnp.asarray(it, jnp.int64)
         return (*flat.unpack(z), success, it, it)
 
-    return fixed_point
+    return _with_implicit_vjp(op, node, fixed_point)
+
+
+def _with_implicit_vjp(op: SolverOp, node, solver):
+    """Make JAX's own autodiff of `solver` use the package's implicit rule, not the loop.
+
+    PyTensor differentiates solver Ops symbolically (``L_op``), but samplers that differentiate
+    the jaxified log density with JAX (numpyro, blackjax) would try to reverse the
+    ``while_loop``, which JAX refuses. The custom VJP's backward pass is the shared pullback
+    graph of :func:`pymc_optim._implicit.implicit_pullback`, jaxified: no second copy of the rule.
+    """
+    x_stars = [out.type() for out in node.outputs[: op.n_controls]]
+    params = [inp.type() for inp in node.inputs[op.n_controls : op.n_controls + op.n_params]]
+    g_bars = [x.type() for x in x_stars]
+    param_grads = implicit_pullback(op.condition, x_stars, params, g_bars)
+    differentiable = [g is not None for g in param_grads]
+    pullback = _jax_function(
+        [*x_stars, *params, *g_bars], [g for g in param_grads if g is not None]
+    )
+    n_controls, n_params = op.n_controls, op.n_params
+
+    @jax.custom_vjp
+    def solve(*inputs):
+        return solver(*inputs)
+
+    def forward(*inputs):
+        outputs = solver(*inputs)
+        return outputs, (outputs[:n_controls], inputs)
+
+    def backward(residuals, cotangents):
+        x_star_values, inputs = residuals
+        param_values = inputs[n_controls : n_controls + n_params]
+        grads = iter(pullback(*x_star_values, *param_values, *cotangents[:n_controls]))
+        return tuple(
+            next(grads) if is_param and differentiable[i - n_controls] else _zero_cotangent(value)
+            for i, value in enumerate(inputs)
+            for is_param in [n_controls <= i < n_controls + n_params]
+        )
+
+    solve.defvjp(forward, backward)
+    return solve
+
+
+def _zero_cotangent(value):
+    value = jnp.asarray(value)
+    if jnp.issubdtype(value.dtype, jnp.inexact):
+        return jnp.zeros_like(value)
+    return np.zeros(value.shape, dtype=jax.dtypes.float0)  # integer/boolean inputs

@@ -24,9 +24,10 @@ MINIMIZE_SCALAR_METHODS = ("brent", "golden", "bounded", "newton")
 
 #: scipy's default absolute tolerance on x for method="bounded".
 _BOUNDED_XATOL = 1e-5
-#: A bounded minimum within this many xatol of a bound, with the slope pointing outward, is
-#: taken to sit on the bound (scipy stops within a few xatol of it).
-_ACTIVE_BOUND_XATOLS = 10
+#: scipy's "bounded" keeps its iterates √eps·|x| + xatol/3 inside the interval; a minimum within
+#: this many such margins of a bound, with the slope pointing outward, sits on the bound.
+_ACTIVE_BOUND_MARGINS = 10
+_SQRT_EPS = float(np.sqrt(np.finfo("float64").eps))
 
 
 def minimize_scalar(
@@ -79,7 +80,8 @@ def minimize_scalar(
     Notes
     -----
     In the interior the implicit rule runs on F = f'(x*) = 0. A bounded minimum sitting on a bound
-    b(θ) (within ``10 * xatol`` of it, with the slope pointing outward) is returned exactly at the
+    b(θ) (within ``10 * (xatol/3 + √eps·|b|)`` of it, scipy's stopping margin, with the slope
+    pointing outward) is returned exactly at the
     bound and differentiated through F = x − b(θ): its derivative is that of the bound — 0 for a
     constant bound — not the interior formula.
 
@@ -162,7 +164,7 @@ class MinimizeScalarOp(SolverOp):
         self.inner_bounds = inner_bounds
         self.options = options
         xatol = options.get("options", {}).get("xatol", _BOUNDED_XATOL)
-        self.bound_tol = _ACTIVE_BOUND_XATOLS * xatol
+        self.xatol = xatol
 
     @property
     def value(self) -> TensorVariable:
@@ -179,8 +181,8 @@ class MinimizeScalarOp(SolverOp):
         if self.inner_bounds:
             lower, upper = self.inner_bounds
             # KKT with the active bound fixed: its row becomes x - b(θ) = 0.
-            on_lower = (x - lower <= self.bound_tol) & (self._slope > 0)
-            on_upper = (upper - x <= self.bound_tol) & (self._slope < 0)
+            on_lower = (x - lower <= self._bound_tol(lower)) & (self._slope > 0)
+            on_upper = (upper - x <= self._bound_tol(upper)) & (self._slope < 0)
             residual = pt.switch(on_lower, x - lower, pt.switch(on_upper, x - upper, residual))
         return OptimalityCondition(
             self.problem.inner_xs, self.problem.inner_params, [residual], symmetric=True
@@ -208,12 +210,16 @@ class MinimizeScalarOp(SolverOp):
             x_stars = [self._snap_to_bound(fns["slope"], x_stars[0], params, bounds)]
         return x_stars, success, nit, nfev
 
+    def _bound_tol(self, bound):
+        """How close to `bound` (a number or a variable) a minimum on it may be left by scipy."""
+        return _ACTIVE_BOUND_MARGINS * (self.xatol / 3 + _SQRT_EPS * abs(bound))
+
     def _snap_to_bound(self, slope_fn, x, params, bounds):
         """Return exactly the bound when the minimum sits on it (see `condition`)."""
         lower, upper = bounds
         slope = float(slope_fn(x, *params)[0])
-        if x - lower <= self.bound_tol and slope > 0:
+        if x - lower <= self._bound_tol(lower) and slope > 0:
             return np.asarray(lower, dtype=x.dtype)
-        if upper - x <= self.bound_tol and slope < 0:
+        if upper - x <= self._bound_tol(upper) and slope < 0:
             return np.asarray(upper, dtype=x.dtype)
         return x

@@ -80,3 +80,20 @@ def test_scipy_solvers_run_under_numba():
     got = pytensor.function([a], outputs, mode="NUMBA")([1.0, 2.0])
     for g, w in zip(got, want, strict=True):
         assert_allclose(g, w, rtol=1e-12)
+
+
+def test_jax_autodiff_of_the_jaxified_graph_uses_the_implicit_rule():
+    """numpyro/blackjax differentiate the jaxified log density with JAX itself."""
+    import jax
+    from pymc.sampling.jax import get_jaxified_graph
+
+    x, a = pt.vector("x", shape=(3,)), pt.vector("a", shape=(3,))
+    x_star, _ = pmo.minimize(
+        (pt.exp(x) - a * x + 0.5 * x**2).sum(), x, x0=np.zeros(3), method="newton"
+    )
+    loss = (x_star**2).sum()
+    jax_fn = get_jaxified_graph([a], [loss])
+    a_val = np.array([1.0, 2.0, 3.0])
+    got = jax.grad(lambda v: jax_fn(v)[0])(a_val)
+    want = pytensor.function([a], pt.grad(loss, a))(a_val)
+    assert_allclose(np.asarray(got), want, rtol=1e-10)

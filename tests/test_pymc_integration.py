@@ -161,3 +161,26 @@ def test_sampling_the_laplace_marginal_recovers_mu():
     # posterior sd of mu is ~0.09 with 150 counts; 0.3 is a wide band around the truth
     assert abs(float(posterior["mu"].mean()) - MU_TRUE) < 0.3
     assert 0.15 < float(posterior["sigma"].mean()) < 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nuts_sampler", ["pymc", "nutpie", "numpyro"])
+def test_graph_native_laplace_marginal_samples_with_every_nuts_sampler(nuts_sampler):
+    """method='newton' runs in the C backend (pymc), numba (nutpie) and JAX (numpyro)."""
+    pytest.importorskip(nuts_sampler)
+    with laplace_model(method="newton"):
+        idata = pm.sample(
+            draws=150,
+            tune=150,
+            chains=2,
+            cores=1,
+            random_seed=20240611,
+            progressbar=False,
+            nuts_sampler=nuts_sampler,
+            compute_convergence_checks=False,
+        )
+    posterior = idata.posterior
+    assert bool(posterior["converged"].all())
+    # same band as the BFGS test: the posterior sd of mu is ~0.09
+    assert abs(float(posterior["mu"].mean()) - MU_TRUE) < 0.3
+    assert 0.15 < float(posterior["sigma"].mean()) < 1.0
