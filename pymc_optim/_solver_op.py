@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import pytensor
@@ -18,6 +19,10 @@ from pymc_optim._implicit import OptimalityCondition, implicit_pullback
 from pymc_optim._inner_graph import InnerProblem
 
 __all__ = ["SolverInfo", "SolverOp", "solution_info"]
+
+#: Errors that evaluating the inner graph raises at parameters where the problem is undefined
+#: (PyMC's ParameterValueError is a ValueError).
+_INVALID_PARAMETERS = (ValueError, ArithmeticError, np.linalg.LinAlgError)
 
 
 class SolverInfo(NamedTuple):
@@ -109,7 +114,7 @@ class SolverOp(Op):
         self.n_controls = len(problem.inner_xs)
         self.n_params = len(problem.inner_params)
         self.n_extras = n_extras
-        self._compiled: Any = None
+        self._compiled: dict[int, dict] = {}
 
     # --- what is solved (subclasses) -------------------------------------------------------
     @property
@@ -163,9 +168,12 @@ class SolverOp(Op):
     def infer_shape(self, fgraph, node, input_shapes):
         return [*input_shapes[: self.n_controls], (), (), ()]
 
-    def perform(self, node, inputs, output_storage):
-        if self._compiled is None:
-            self._compiled = {
+    def _compiled_functions(self) -> dict:
+        """The inner functions, compiled once per thread (a PyTensor function holds its own
+        input and output storage, so threads, e.g. nutpie's chains, must not share one)."""
+        compiled = self._compiled.get(threading.get_ident())
+        if compiled is None:
+            compiled = {
                 name: pytensor.function(
                     [*self.problem.inner_xs, *more_inputs, *self.problem.inner_params],
                     outs,
@@ -174,12 +182,22 @@ class SolverOp(Op):
                 )
                 for name, (more_inputs, outs) in self.numerical_functions().items()
             }
+            self._compiled[threading.get_ident()] = compiled
+        return compiled
+
+    def perform(self, node, inputs, output_storage):
         x0s = inputs[: self.n_controls]
         params = inputs[self.n_controls : self.n_controls + self.n_params]
         extras = inputs[self.n_controls + self.n_params :]
-        x_stars, success, n_iterations, n_evaluations = self.solve(
-            self._compiled, list(x0s), list(params), list(extras)
-        )
+        try:
+            x_stars, success, n_iterations, n_evaluations = self.solve(
+                self._compiled_functions(), list(x0s), list(params), list(extras)
+            )
+        except _INVALID_PARAMETERS:
+            # e.g. PyMC's parameter checks (sigma > 0) raising inside the objective: the
+            # problem has no solution at these parameters, which is data, not a crash.
+            x_stars = [np.full(np.shape(x0), np.nan) for x0 in x0s]
+            success, n_iterations, n_evaluations = False, -1, -1
         for storage, x, inner in zip(output_storage, x_stars, self.problem.inner_xs, strict=False):
             storage[0] = np.asarray(x, dtype=inner.type.dtype).reshape(np.shape(x))
         output_storage[self.n_controls][0] = np.asarray(bool(success))
@@ -216,7 +234,7 @@ class SolverOp(Op):
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_compiled"] = None  # compiled functions do not pickle; recompiled on first use
+        state["_compiled"] = {}  # compiled functions do not pickle; recompiled on first use
         return state
 
     def __str__(self):
