@@ -2,6 +2,7 @@
 
 import importlib.util
 
+from pymc_optim import _vectorize  # noqa: F401  (registers native batching)
 from pymc_optim._solver_op import SolverInfo, solution_info
 from pymc_optim._warnings import PymcOptimWarning
 from pymc_optim.fixed_point import fixed_point
