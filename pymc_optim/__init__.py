@@ -6,6 +6,7 @@ from pymc_optim import _vectorize  # noqa: F401  (registers native batching)
 from pymc_optim._solver_op import SolverInfo, solution_info
 from pymc_optim._warnings import PymcOptimWarning
 from pymc_optim.fixed_point import fixed_point
+from pymc_optim.laplace import marginalize_laplace, recover_latent
 from pymc_optim.minimize import minimize
 from pymc_optim.minimize_scalar import minimize_scalar
 from pymc_optim.root import root
@@ -15,8 +16,10 @@ __all__ = [
     "PymcOptimWarning",
     "SolverInfo",
     "fixed_point",
+    "marginalize_laplace",
     "minimize",
     "minimize_scalar",
+    "recover_latent",
     "root",
     "root_scalar",
     "solution_info",
@@ -24,5 +27,7 @@ __all__ = [
 
 __version__ = "0.1.0"
 
+if importlib.util.find_spec("numba") is not None:
+    from pymc_optim import _numba  # noqa: F401  (registers the numba implementations)
 if importlib.util.find_spec("jax") is not None:
     from pymc_optim import _jax  # noqa: F401  (registers the JAX implementations)

@@ -169,17 +169,28 @@ def _is_constant_expression(var: Variable) -> bool:
 
 
 def _reject_unregistered_random_draw(var: Variable, argument: str) -> None:
-    """Parameters may be model variables, but not ad-hoc random draws (`pm.Normal.dist(...)`)."""
+    """Parameters may be model variables, but not ad-hoc random draws (`pm.Normal.dist(...)`).
+
+    Model variables are those of the current model context, or the wrapped variables of PyMC's
+    FunctionGraph representation of a model (``ModelVar`` Ops), as model transformations use.
+    """
     import pymc as pm
+    from pymc.model.fgraph import ModelVar
 
     model = pm.Model.get_context(error_if_none=False)
     registered = set(model.basic_RVs) if model is not None else set()
-    for anc in ancestors([var], blockers=list(registered)):
-        if anc in registered:
+    stack, seen = [var], set()
+    while stack:
+        anc = stack.pop()
+        if anc in seen or anc in registered or anc.owner is None:
             continue
-        if anc.owner is not None and isinstance(anc.owner.op, RandomVariable):
+        seen.add(anc)
+        if isinstance(anc.owner.op, ModelVar):
+            continue
+        if isinstance(anc.owner.op, RandomVariable):
             raise ValueError(
                 f"The {argument} must be deterministic, but its graph contains the random draw "
                 f"`{anc}`, which is not a variable of the current model. Use its log-density "
                 "(`pm.logp(dist, value)`) or register it in the model."
             )
+        stack.extend(anc.owner.inputs)

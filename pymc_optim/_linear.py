@@ -68,6 +68,25 @@ class LinearStructure:
         y = pt.linalg.solve(A, rhs[..., None], assume_a=assume_a, b_ndim=2)[..., 0]
         return y.reshape((-1,))
 
+    def logdet_positive_definite(self, A: TensorVariable) -> TensorVariable:
+        """log det A for symmetric positive definite A in compact form, via Cholesky (NaN if A
+        is not positive definite)."""
+        if self.kind == "diagonal":
+            return pt.log(A).sum()
+        L = pt.linalg.cholesky(A)
+        return 2.0 * pt.log(pt.diagonal(L, axis1=-2, axis2=-1)).sum()
+
+    def sample_gaussian(self, mean, precision, noise) -> TensorVariable:
+        """mean + P^{-1/2} ε: a draw of N(mean, P⁻¹) from standard normal `noise` (P = L Lᵀ,
+        the draw solves Lᵀ v = ε)."""
+        if self.kind == "diagonal":
+            return mean + noise / pt.sqrt(precision)
+        L = pt.linalg.cholesky(precision)
+        if self.kind == "block_diagonal":
+            noise = noise.reshape((-1, self.block_size))
+        v = pt.linalg.solve_triangular(L.mT, noise[..., None], lower=False, b_ndim=2)[..., 0]
+        return mean + v.reshape((-1,))
+
     # --- numerical (the graph-native solvers' perform) -----------------------------------------
     def solve_numpy(self, A: np.ndarray, rhs: np.ndarray) -> np.ndarray:
         """Solve A y = rhs with numpy; raises numpy.linalg.LinAlgError when singular."""

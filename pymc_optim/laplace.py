@@ -1,0 +1,388 @@
+"""Laplace marginalization of latent fields in a pm.Model (INLA style), and latent recovery."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pymc as pm
+import pytensor
+import pytensor.tensor as pt
+from pymc.model.fgraph import (
+    ModelObservedRV,
+    ModelPotential,
+    ModelVar,
+    fgraph_from_model,
+    model_from_fgraph,
+)
+from pytensor.gradient import grad
+from pytensor.graph.replace import graph_replace, vectorize_graph
+from pytensor.graph.traversal import ancestors
+from pytensor.tensor.variable import TensorVariable
+
+from pymc_optim._implicit import OptimalityCondition
+from pymc_optim._linear import LinearStructure, as_linear_structure
+from pymc_optim._warnings import PymcOptimWarning
+from pymc_optim.minimize import minimize
+
+__all__ = ["marginalize_laplace", "recover_latent"]
+
+ON_FAILURE = ("reject", "raise")
+#: Latent priors for which the Laplace approximation is exact given a Gaussian likelihood.
+_GAUSSIAN_PRIORS = {"NormalRV", "MvNormalRV", "GaussianRandomWalkRV", "ZeroSumNormalRV", "ARRV"}
+
+
+def marginalize_laplace(
+    model: pm.Model,
+    latent: str | TensorVariable | Sequence[str | TensorVariable],
+    *,
+    method: str = "newton",
+    hessian_structure: str = "dense",
+    block_size: int | None = None,
+    on_failure: str = "reject",
+    optimizer_kwargs: Mapping | None = None,
+) -> pm.Model:
+    """A new model in which `latent` is integrated out by a Laplace approximation.
+
+    With ℓ(x, θ) the log density of the latent and of every observed variable that depends on
+    it, x* = argmaxₓ ℓ and H = −∇²ₓℓ(x*, θ), the new model carries the potential
+
+        log p(y | θ) ≈ ℓ(x*, θ) + (d/2) log 2π − ½ log det H,
+
+    in the latent's unconstrained space (with its log-Jacobian) when it has a transform. NUTS on
+    the new model samples only the hyperparameters θ; gradients flow through the implicit
+    derivative of x*(θ). :func:`recover_latent` draws the latent field afterwards.
+
+    Parameters
+    ----------
+    model : pm.Model
+        Left unchanged.
+    latent : str, TensorVariable or list of them
+        Free, continuous random variables of `model` to integrate out.
+    method : str, default "newton"
+        The inner solver of :func:`pymc_optim.minimize` (``"newton"`` is graph-native).
+    hessian_structure : {"dense", "diagonal", "block_diagonal"}, default "dense"
+        Layout of H: ``"diagonal"`` when each latent element enters the likelihood separately
+        (independent random effects with an element-wise likelihood). A wrong choice gives a
+        wrong marginal.
+    block_size : int, optional
+        For ``hessian_structure="block_diagonal"``.
+    on_failure : {"reject", "raise"}, default "reject"
+        What a failed inner solve does: ``"reject"`` makes the marginal −inf (NUTS rejects the
+        point); ``"raise"`` raises an ``AssertionError`` at that evaluation.
+        :func:`recover_latent` records success per draw.
+    optimizer_kwargs : dict, optional
+        Passed to :func:`pymc_optim.minimize`.
+
+    Returns
+    -------
+    marginal_model : pm.Model
+        Without the latent variables and the observed variables that depend on them; with the
+        potential ``"laplace_marginal"``. Other variables, deterministics, coords carry over.
+
+    Raises
+    ------
+    ValueError
+        Unknown names, observed or discrete latents, latents no observed variable depends on,
+        unknown `on_failure`.
+    NotImplementedError
+        When a free random variable (other than a listed latent) or a Deterministic depends on
+        a latent.
+
+    Warns
+    -----
+    PymcOptimWarning
+        When a latent's prior is not Gaussian: the approximation may then be poor.
+    """
+    if on_failure == "warn":
+        raise NotImplementedError("`on_failure='warn'` is not implemented yet; use 'reject'.")
+    if on_failure not in ON_FAILURE:
+        raise ValueError(
+            f"`on_failure` must be one of {', '.join(map(repr, ON_FAILURE))}; got {on_failure!r}."
+        )
+    structure = as_linear_structure(hessian_structure, block_size, "hessian_structure")
+    latent_rvs = _check_latents(model, latent)
+
+    fgraph, memo = fgraph_from_model(model, inlined_views=True)
+    latent_fg = [memo[rv] for rv in latent_rvs]
+    dependents = _observed_dependents(fgraph, latent_fg, latent_rvs)
+
+    # ℓ(z, θ) on fresh unconstrained controls z, one per latent.
+    # The inner solve starts at the model's initial point (unconstrained), which also fixes
+    # the controls' static shapes.
+    initial_point = model.initial_point()
+    controls, x0, constrained, log_jacobians = [], [], [], []
+    for rv, original in zip(latent_fg, latent_rvs, strict=True):
+        rv_node = rv.owner.inputs[0]
+        transform = rv.owner.op.transform
+        start = np.asarray(initial_point[model.rvs_to_values[original].name])
+        z = pt.tensor(dtype=start.dtype, shape=start.shape, name=f"{rv.name}_unconstrained")
+        controls.append(z)
+        x0.append(start)
+        if transform is None:
+            constrained.append(z)
+            log_jacobians.append(pt.constant(0.0))
+        else:
+            inputs = rv_node.owner.inputs
+            constrained.append(transform.backward(z, *inputs))
+            log_jacobians.append(transform.log_jac_det(z, *inputs).sum())
+    to_constrained = dict(zip(latent_fg, constrained, strict=True))
+    terms = []
+    for rv, x, log_jac in zip(latent_fg, constrained, log_jacobians, strict=True):
+        prior = graph_replace(rv.owner.inputs[0], to_constrained, strict=False)
+        terms.append(pm.logp(prior, x).sum() + log_jac)
+    for obs in dependents:
+        obs_rv, data = obs.owner.inputs[0], obs.owner.inputs[1]
+        terms.append(pm.logp(graph_replace(obs_rv, to_constrained, strict=False), data).sum())
+    joint = pt.add(*terms)
+
+    z_stars, success = minimize(
+        -joint,
+        controls,
+        x0=x0,
+        method=method,
+        structure=structure,
+        block_size=structure.block_size,
+        optimizer_kwargs=optimizer_kwargs,
+    )
+    condition = OptimalityCondition(
+        controls, [], grad(-joint, controls), symmetric=True, structure=structure
+    )
+    at_mode = dict(zip(controls, z_stars, strict=True))
+    hessian = graph_replace(condition.jacobian(), at_mode, strict=False)
+    d = sum(_static_size(z) for z in controls)
+    marginal = (
+        graph_replace(joint, at_mode, strict=False)
+        + 0.5 * d * np.log(2 * np.pi)
+        - 0.5 * structure.logdet_positive_definite(hessian)
+    )
+    marginal = _apply_failure_policy(marginal, success, on_failure)
+
+    for obs in [*dependents, *latent_fg]:
+        fgraph.remove_output(fgraph.outputs.index(obs))
+    potential = ModelPotential()(marginal)
+    potential.name = "laplace_marginal"
+    fgraph.add_output(potential)
+    # Carried through model_from_fgraph (which swaps the ModelVar dummies for the new model's
+    # variables) so that recover_latent finds the mode and Hessian in the new model's terms.
+    prior_inputs = [list(rv.owner.inputs[0].owner.inputs) for rv in latent_fg]
+    n_inputs = [len(inputs) for inputs in prior_inputs]
+    carried = [*z_stars, hessian, success, *(i for inputs in prior_inputs for i in inputs)]
+    for var in carried:
+        fgraph.add_output(var)
+    new_model = model_from_fgraph(fgraph, mutate_fgraph=True)
+    new = fgraph.outputs[-len(carried) :]
+    new_z_stars, (new_hessian, new_success) = (
+        new[: len(z_stars)],
+        new[len(z_stars) : len(z_stars) + 2],
+    )
+    flat_inputs = iter(new[len(z_stars) + 2 :])
+    new_prior_inputs = [[next(flat_inputs) for _ in range(n)] for n in n_inputs]
+    new_model._pmo_laplace = _LaplaceInfo(
+        names=[rv.name for rv in latent_rvs],
+        dims=[model.named_vars_to_dims.get(rv.name) for rv in latent_rvs],
+        transforms=[rv.owner.op.transform for rv in latent_fg],
+        prior_inputs=new_prior_inputs,
+        modes=new_z_stars,
+        hessian=new_hessian,
+        success=new_success,
+        structure=structure,
+    )
+    return new_model
+
+
+def recover_latent(
+    marginal_model: pm.Model,
+    idata,
+    *,
+    random_seed=None,
+    progressbar: bool = True,
+):
+    """Draw the latent field for every posterior draw of the hyperparameters.
+
+    For each draw θ, one draw of the (unconstrained) latent from N(x*(θ), H(θ)⁻¹), mapped to
+    the constrained space, added to ``idata.posterior`` under the latent's name and dims.
+
+    Parameters
+    ----------
+    marginal_model : pm.Model
+        A model returned by :func:`marginalize_laplace`.
+    idata : arviz.InferenceData
+        With a ``posterior`` group holding the hyperparameters.
+    random_seed : int or numpy.random.Generator, optional
+    progressbar : bool, default True
+        Show progress over chains.
+
+    Returns
+    -------
+    idata : arviz.InferenceData
+        The same object, with the latent variables and ``"<latent>_solved"`` (whether the inner
+        solve converged at that draw) added to its posterior.
+
+    Raises
+    ------
+    TypeError
+        If `marginal_model` was not made by :func:`marginalize_laplace`.
+    """
+    info = getattr(marginal_model, "_pmo_laplace", None)
+    if info is None:
+        raise TypeError(
+            "`marginal_model` must be a model returned by `pmo.marginalize_laplace`; "
+            f"got {marginal_model!r}."
+        )
+    rng = np.random.default_rng(random_seed)
+    posterior = idata.posterior
+    rvs = list(marginal_model.free_RVs)
+    missing = [rv.name for rv in rvs if rv.name not in posterior]
+    if missing:
+        raise ValueError(f"`idata.posterior` lacks the hyperparameters {missing}.")
+
+    # One draw as a graph of the hyperparameters' (constrained) values and standard noise ...
+    mode = pt.concatenate([z.ravel() for z in info.modes])
+    noise = mode.type("noise")
+    draw = info.structure.sample_gaussian(mode, info.hessian, noise)
+    latent_draws, start = [], 0
+    for z_star, transform, inputs in zip(
+        info.modes, info.transforms, info.prior_inputs, strict=True
+    ):
+        size = _static_size(z_star)
+        z = draw[start : start + size].reshape(z_star.shape)
+        start += size
+        latent_draws.append(z if transform is None else transform.backward(z, *inputs))
+    values = [rv.type(name=rv.name) for rv in rvs]
+    outputs = graph_replace(
+        [*latent_draws, info.success], dict(zip(rvs, values, strict=True)), strict=False
+    )
+    # ... vectorized over the draws of a chain (graph-native solvers batch natively).
+    batched_values = [pt.tensor(dtype=v.dtype, shape=(None, *v.type.shape)) for v in values]
+    batched_noise = pt.matrix("noise", dtype=noise.dtype)
+    batched = vectorize_graph(
+        outputs, dict(zip([*values, noise], [*batched_values, batched_noise], strict=True))
+    )
+    fn = pytensor.function([*batched_values, batched_noise], batched, on_unused_input="ignore")
+
+    n_chains, n_draws = posterior.sizes["chain"], posterior.sizes["draw"]
+    chains = range(n_chains)
+    if progressbar:
+        from rich.progress import track
+
+        chains = track(chains, description="recovering latent draws")
+    per_chain = []
+    for c in chains:
+        point = [np.asarray(posterior[rv.name].values[c], dtype=rv.type.dtype) for rv in rvs]
+        eps = rng.standard_normal((n_draws, _static_size(mode))).astype(mode.dtype)
+        per_chain.append(fn(*point, eps))
+
+    import xarray as xr
+
+    for i, (name, dims) in enumerate(zip(info.names, info.dims, strict=True)):
+        draws = np.stack([out[i] for out in per_chain])
+        dim_names = ["chain", "draw", *(dims or [f"{name}_dim_{k}" for k in range(draws.ndim - 2)])]
+        coords = {
+            k: np.asarray(marginal_model.coords[k])
+            for k in (dims or [])
+            if k in marginal_model.coords
+        }
+        posterior[name] = xr.DataArray(draws, dims=dim_names, coords=coords)
+    solved = np.stack([np.broadcast_to(out[-1], (n_draws,)) for out in per_chain])
+    posterior[f"{'_'.join(info.names)}_solved"] = xr.DataArray(solved, dims=["chain", "draw"])
+    return idata
+
+
+@dataclass
+class _LaplaceInfo:
+    names: list[str]
+    dims: list
+    transforms: list
+    prior_inputs: list
+    modes: list
+    hessian: TensorVariable
+    success: TensorVariable
+    structure: LinearStructure
+
+
+def _check_latents(model: pm.Model, latent) -> list[TensorVariable]:
+    items = list(latent) if isinstance(latent, list | tuple) else [latent]
+    if not items:
+        raise ValueError("`latent` must name at least one variable.")
+    out = []
+    for item in items:
+        name = item if isinstance(item, str) else getattr(item, "name", None)
+        if name not in model.named_vars:
+            raise ValueError(
+                f"`latent` {item!r} is not a variable of the model; free variables: "
+                f"{[rv.name for rv in model.free_RVs]}."
+            )
+        rv = model[name]
+        if rv in model.observed_RVs:
+            raise ValueError(
+                f"`latent` {name!r} is observed; only free variables can be marginalized."
+            )
+        if rv not in model.free_RVs:
+            raise ValueError(f"`latent` {name!r} is not a free random variable of the model.")
+        if not rv.type.dtype.startswith("float"):
+            raise ValueError(
+                f"`latent` {name!r} is discrete ({rv.type.dtype}); the Laplace approximation "
+                "needs a continuous latent."
+            )
+        if type(rv.owner.op).__name__ not in _GAUSSIAN_PRIORS:
+            warnings.warn(
+                f"The prior of `{name}` ({type(rv.owner.op).__name__}) is not Gaussian: the "
+                "Laplace approximation may be poor. Check it against full NUTS.",
+                PymcOptimWarning,
+                stacklevel=3,
+            )
+        out.append(rv)
+    return out
+
+
+def _observed_dependents(fgraph, latent_fg, latent_rvs):
+    dependents = []
+    latent_set = set(latent_fg)
+    for node in fgraph.toposort():
+        if not isinstance(node.op, ModelVar):
+            continue
+        var = node.outputs[0]
+        if var in latent_set:
+            continue
+        depends = bool(latent_set & set(ancestors([node.inputs[0]], blockers=list(latent_set))))
+        if not depends:
+            continue
+        if isinstance(node.op, ModelObservedRV):
+            dependents.append(var)
+        else:
+            raise NotImplementedError(
+                f"`{var.name}` ({type(node.op).__name__}) depends on a marginalized latent; only "
+                "observed variables may depend on it. Marginalize it too or drop it."
+            )
+    for rv, rv_fg in zip(latent_rvs, latent_fg, strict=True):
+        if not any(rv_fg in ancestors([d.owner.inputs[0]]) for d in dependents):
+            raise ValueError(
+                f"`latent` {rv.name!r}: no observed variable depends on it, so there is nothing "
+                "to marginalize against."
+            )
+    return dependents
+
+
+def _apply_failure_policy(marginal, success, on_failure):
+    if on_failure == "reject":
+        return pt.switch(success, marginal, -np.inf)
+    if on_failure == "raise":
+        from pytensor.raise_op import Assert
+
+        return Assert("the inner solve of the Laplace marginal did not converge")(marginal, success)
+    return marginal
+
+
+def _static_shape(var) -> tuple[int, ...]:
+    if None in var.type.shape:
+        raise NotImplementedError(
+            f"`{var.name}` needs a static shape to be marginalized (give it `shape=` or `dims=`)."
+        )
+    return var.type.shape
+
+
+def _static_size(var) -> int:
+    return int(np.prod(_static_shape(var), dtype=int))
