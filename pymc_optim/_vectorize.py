@@ -9,10 +9,13 @@ then differentiates the stacked problem with the same structured solve.
 
 The stacked solve shares one step length and one stopping test across the batch, so `success`,
 `n_iterations` and `n_evaluations` are reported for the whole batch (broadcast to its shape).
+Where the stacked structure cannot be stated (a dense A over several control variables, or of
+unknown static size) the batch falls back to PyTensor's Blockwise loop.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pytensor.tensor as pt
 from pytensor.graph.replace import _vectorize_node, vectorize_graph
 from pytensor.tensor.blockwise import vectorize_node_fallback
@@ -39,6 +42,9 @@ def _vectorize_graph_native(op: SolverOp, node, *batched_inputs):
     if op.n_extras or any(batch_ndims[op.n_controls + op.n_params :]):
         return vectorize_node_fallback(op, node, *batched_inputs)
 
+    structure = _stacked_structure(op)
+    if structure is None:
+        return vectorize_node_fallback(op, node, *batched_inputs)
     batch_shape = _batch_shape(batched_inputs, batch_ndims, batch_ndim)
     x0s = [
         pt.broadcast_to(x0, (*batch_shape, *tuple(x0.shape)[bn:]))
@@ -71,7 +77,7 @@ def _vectorize_graph_native(op: SolverOp, node, *batched_inputs):
         new_params,
         batched(op.condition.residual),
         op.condition.symmetric,
-        _stacked_structure(op),
+        structure,
     )
     (value,) = batched([op.value])
     if isinstance(op, NewtonOp):
@@ -94,24 +100,20 @@ def _vectorize_graph_native(op: SolverOp, node, *batched_inputs):
     return [*x_stars, *(pt.broadcast_to(d, batch_shape) for d in diagnostics)]
 
 
-def _stacked_structure(op: SolverOp) -> LinearStructure:
-    """The per-problem structure, repeated block by block along the stacked unknowns."""
+def _stacked_structure(op: SolverOp) -> LinearStructure | None:
+    """The per-problem structure, repeated block by block along the stacked unknowns.
+
+    None where the stacked problem has no such structure we can state: a dense A needs the
+    static size of a single control (the block size); then the batch falls back to a loop.
+    """
     structure = op.condition.structure
     if structure.kind != "dense":
         return structure
-    sizes = [x.type.shape for x in op.problem.inner_xs]
-    if any(None in s for s in sizes):
-        raise NotImplementedError(
-            "Batching a dense graph-native solve needs the static size of `x` (the block size "
-            "of the stacked problem); give `x` a static shape, e.g. `pt.vector('x', shape=(n,))`."
-        )
-    # Stacked controls are interleaved per problem only when there is one control variable.
-    if len(sizes) != 1:
-        raise NotImplementedError("Batching a solve over a list of controls is not supported yet.")
-    n = 1
-    for dim in sizes[0]:
-        n *= dim
-    return LinearStructure("block_diagonal", n)
+    shapes = [x.type.shape for x in op.problem.inner_xs]
+    # Stacked controls are contiguous per problem only when there is one control variable.
+    if len(shapes) != 1 or None in shapes[0]:
+        return None
+    return LinearStructure("block_diagonal", int(np.prod(shapes[0], dtype=int)))
 
 
 def _batch_shape(batched_inputs, batch_ndims, batch_ndim):

@@ -109,25 +109,26 @@ def marginalize_laplace(
     latent_fg = [memo[rv] for rv in latent_rvs]
     dependents = _observed_dependents(fgraph, latent_fg, latent_rvs)
 
-    # ℓ(z, θ) on fresh unconstrained controls z, one per latent.
-    # The inner solve starts at the model's initial point (unconstrained), which also fixes
-    # the controls' static shapes.
+    # ℓ(z, θ) on one flat unconstrained control z holding every latent, so that the Hessian's
+    # layout is one contiguous vector (and batching over draws stays native). The inner solve
+    # starts at the model's initial point, which also fixes the latents' static shapes.
     initial_point = model.initial_point()
-    controls, x0, constrained, log_jacobians = [], [], [], []
-    for rv, original in zip(latent_fg, latent_rvs, strict=True):
-        rv_node = rv.owner.inputs[0]
+    starts = [
+        np.asarray(initial_point[model.rvs_to_values[original].name]) for original in latent_rvs
+    ]
+    x0 = np.concatenate([start.ravel() for start in starts])
+    z = pt.tensor(dtype=x0.dtype, shape=x0.shape, name="latent_unconstrained")
+    pieces = _split(z, [start.shape for start in starts])
+    constrained, log_jacobians = [], []
+    for rv, piece in zip(latent_fg, pieces, strict=True):
         transform = rv.owner.op.transform
-        start = np.asarray(initial_point[model.rvs_to_values[original].name])
-        z = pt.tensor(dtype=start.dtype, shape=start.shape, name=f"{rv.name}_unconstrained")
-        controls.append(z)
-        x0.append(start)
         if transform is None:
-            constrained.append(z)
+            constrained.append(piece)
             log_jacobians.append(pt.constant(0.0))
         else:
-            inputs = rv_node.owner.inputs
-            constrained.append(transform.backward(z, *inputs))
-            log_jacobians.append(transform.log_jac_det(z, *inputs).sum())
+            inputs = rv.owner.inputs[0].owner.inputs
+            constrained.append(transform.backward(piece, *inputs))
+            log_jacobians.append(transform.log_jac_det(piece, *inputs).sum())
     to_constrained = dict(zip(latent_fg, constrained, strict=True))
     terms = []
     for rv, x, log_jac in zip(latent_fg, constrained, log_jacobians, strict=True):
@@ -138,21 +139,20 @@ def marginalize_laplace(
         terms.append(pm.logp(graph_replace(obs_rv, to_constrained, strict=False), data).sum())
     joint = pt.add(*terms)
 
-    z_stars, success = minimize(
+    z_star, success = minimize(
         -joint,
-        controls,
+        z,
         x0=x0,
         method=method,
         structure=structure,
         block_size=structure.block_size,
         optimizer_kwargs=optimizer_kwargs,
     )
-    condition = OptimalityCondition(
-        controls, [], grad(-joint, controls), symmetric=True, structure=structure
-    )
-    at_mode = dict(zip(controls, z_stars, strict=True))
+    z_stars = _split(z_star, [start.shape for start in starts])
+    condition = OptimalityCondition([z], [], [grad(-joint, z)], symmetric=True, structure=structure)
+    at_mode = {z: z_star}
     hessian = graph_replace(condition.jacobian(), at_mode, strict=False)
-    d = sum(_static_size(z) for z in controls)
+    d = x0.size
     marginal = (
         graph_replace(joint, at_mode, strict=False)
         + 0.5 * d * np.log(2 * np.pi)
@@ -374,6 +374,16 @@ def _apply_failure_policy(marginal, success, on_failure):
 
         return Assert("the inner solve of the Laplace marginal did not converge")(marginal, success)
     return marginal
+
+
+def _split(flat, shapes):
+    """Consecutive pieces of the vector `flat`, reshaped to `shapes`."""
+    pieces, start = [], 0
+    for shape in shapes:
+        size = int(np.prod(shape, dtype=int))
+        pieces.append(flat[start : start + size].reshape(shape))
+        start += size
+    return pieces
 
 
 def _static_shape(var) -> tuple[int, ...]:

@@ -84,8 +84,10 @@ def test_batched_solve_under_jax():
         assert_allclose(np.asarray(g), w, rtol=1e-9)
 
 
-def test_dense_batching_needs_a_static_size():
+def test_dense_batching_without_a_static_size_falls_back_to_a_loop():
     x, a = pt.vector("x"), pt.vector("a")
     x_star, _ = pmo.minimize(((x - a) ** 2).sum(), x, x0=np.zeros(2), method="newton")
-    with pytest.raises(NotImplementedError, match="static size of `x`"):
-        vectorize_graph(x_star, {a: pt.matrix("a_batch")})
+    a_batch = pt.matrix("a_batch")
+    fn = pytensor.function([a_batch], vectorize_graph(x_star, {a: a_batch}))
+    assert looped_solvers(fn)
+    assert_allclose(fn(A_BATCH[:, :2]), A_BATCH[:, :2], atol=1e-8)

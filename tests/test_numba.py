@@ -1,0 +1,214 @@
+"""The graph-native solvers run natively under numba: no object mode, same numbers as the default.
+
+Each solve is compiled under the default mode and under ``mode="NUMBA"``; solutions, success
+flags, iteration and evaluation counts and implicit gradients must agree. Numba compiles slowly
+(pytensor caches what it can on disk): few problems, each exercising several features.
+"""
+
+import warnings
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+import pytest
+from numpy.testing import assert_allclose, assert_array_equal
+
+import pymc_optim as pmo
+
+pytest.importorskip("numba")
+
+RTOL = 1e-10
+
+
+def object_mode_warnings(caught) -> list[str]:
+    return [str(w.message) for w in caught if "object mode" in str(w.message)]
+
+
+def run(inputs, value_sets, outputs, mode):
+    """Compile under `mode`, evaluate at each set of values; also return object-mode warnings."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fn = pytensor.function(inputs, outputs, mode=mode, on_unused_input="ignore")
+        results = [[np.asarray(r) for r in fn(*values)] for values in value_sets]
+    return results, object_mode_warnings(caught)
+
+
+def diagnostics(x_star, success, params=()):
+    """Solution(s), success, counters and, given `params`, the implicit gradient of a loss."""
+    xs = x_star if isinstance(x_star, list) else [x_star]
+    info = pmo.solution_info(x_star)
+    outs = [*xs, success, info.n_iterations, info.n_evaluations]
+    if params:
+        loss = sum((xi * (1.0 + pt.arange(xi.size).reshape(xi.shape))).sum() for xi in xs)
+        outs += pt.grad(loss, list(params), disconnected_inputs="ignore")
+    return outs
+
+
+def check_agreement(problems: dict, inputs, value_sets):
+    """Each problem's outputs agree between the default mode and NUMBA; NUMBA is native.
+
+    One function per mode holds all `problems`, evaluated at every set of values (numba compiles
+    once). Returns the NUMBA outputs as ``got[i][name]`` for the i-th set of values.
+    """
+    names = [name for name, outs in problems.items() for _ in outs]
+    outputs = [out for outs in problems.values() for out in outs]
+    want, _ = run(inputs, value_sets, outputs, mode=None)
+    got, object_mode = run(inputs, value_sets, outputs, mode="NUMBA")
+    assert not object_mode, object_mode
+    by_name = []
+    for i, (got_i, want_i) in enumerate(zip(got, want, strict=True)):
+        by_name.append({})
+        for name, g, w in zip(names, got_i, want_i, strict=True):
+            msg = f"{name}, values #{i}"
+            assert (g.dtype, g.shape) == (w.dtype, w.shape), msg
+            if w.dtype.kind in "bi":  # success flags and counters: identical
+                assert_array_equal(g, w, err_msg=msg)
+            else:  # NaN where the default mode has NaN
+                assert_allclose(g, w, rtol=RTOL, atol=1e-14, err_msg=msg)
+            by_name[i].setdefault(name, []).append(g)
+    return by_name
+
+
+def newton_problem(name: str):
+    """A graph-native Newton solve with three parameters: (x_star, success), parameters."""
+    a, b, C = pt.vector("a", shape=(4,)), pt.scalar("b"), pt.matrix("C", shape=(2, 2))
+    x = pt.vector("x", shape=(4,))
+    separable = (pt.exp(x) - a * x + 0.5 * b * x**2).sum()
+    y, s, u = pt.vector("y"), pt.scalar("s"), pt.scalar("u")  # y without a static shape
+    newton = {"method": "newton"}
+    if name == "minimize-dense-two-controls":
+        objective = 0.5 * (y @ C @ y) - (a[:2] * y).sum() + pt.cosh(s - b) + 0.1 * s * y.sum()
+        solve = pmo.minimize(objective, [y, s], x0=[np.zeros(2), 0.0], **newton)
+    elif name == "minimize-diagonal":
+        solve = pmo.minimize(separable, x, x0=np.zeros(4), structure="diagonal", **newton)
+    elif name == "minimize-block_diagonal":  # coupled within 2x2 blocks
+        pairs = x.reshape((2, 2))
+        solve = pmo.minimize(
+            separable + 0.3 * (pairs[:, 0] * pairs[:, 1]).sum(),
+            x,
+            x0=np.zeros(4),
+            structure="block_diagonal",
+            block_size=2,
+            **newton,
+        )
+    elif name == "root-dense":
+        solve = pmo.root(x**3 + b * x + 0.1 * x[::-1] - a, x, x0=np.ones(4), **newton)
+    elif name == "root_scalar":
+        solve = pmo.root_scalar(u**3 + b * u - a.sum(), u, x0=1.0, **newton)
+    elif name == "minimize_scalar":
+        solve = pmo.minimize_scalar(pt.exp(u) - a[1] * u + b * u**2, u, x0=0.0, **newton)
+    return solve, [a, b, C]
+
+
+GOOD = [np.array([1.0, 2.0, 0.5, 3.0]), 0.8, np.array([[2.0, 0.3], [0.3, 1.5]])]
+NAN = [np.array([1.0, np.nan, 0.5, 3.0]), 0.8, GOOD[2]]  # the problem is NaN at x0
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "minimize-dense-two-controls",
+        "minimize-diagonal",
+        "minimize-block_diagonal",
+        "root-dense",
+        "root_scalar",
+        "minimize_scalar",
+    ],
+)
+def test_newton_is_native_and_agrees(name):
+    (x_star, success), params = newton_problem(name)
+    good, nan = check_agreement({name: diagnostics(x_star, success, params)}, params, [GOOD, NAN])
+    n_controls = 2 if "two-controls" in name else 1
+    success, n_iterations = good[name][n_controls : n_controls + 2]
+    assert success and n_iterations >= 2
+    success, n_iterations = nan[name][n_controls : n_controls + 2]
+    assert not success and n_iterations == 0
+
+
+def test_fixed_point_is_native_and_agrees():
+    a, b = pt.vector("a", shape=(3,)), pt.scalar("b")
+    x = pt.vector("x", shape=(3,))
+    problems = {
+        method: diagnostics(
+            *pmo.fixed_point(b * pt.cos(a * x), x, x0=np.zeros(3), method=method), [a, b]
+        )
+        for method in ["iteration", "anderson", "newton"]
+    }
+    good = [np.array([1.0, 0.5, 0.7]), 0.9]  # b·a < 1: T is a contraction
+    nan = [np.array([1.0, np.nan, 0.7]), 0.9]
+    good, nan = check_agreement(problems, [a, b], [good, nan])
+    assert all(outs[1] for outs in good.values())
+    assert good["newton"][2] < good["anderson"][2] < good["iteration"][2]  # n_iterations
+    assert not any(outs[1] for outs in nan.values())
+
+
+def test_failed_solves_fail_the_same_way():
+    """max_iter reached, a singular system, an invalid parameter: success False, no raise."""
+    import pymc as pm
+
+    a, sigma = pt.vector("a", shape=(3,)), pt.scalar("sigma")
+    x = pt.vector("x", shape=(3,))
+    problems = {
+        "newton-max_iter": diagnostics(
+            *pmo.root(
+                x**3 + x - a,
+                x,
+                x0=np.full(3, 5.0),
+                method="newton",
+                optimizer_kwargs={"max_iter": 2},
+            )
+        ),
+        "iteration-max_iter": diagnostics(
+            *pmo.fixed_point(0.9 * pt.cos(a * x), x, x0=0.0, max_iter=3)
+        ),
+        # x² + 1 = 0 has no root: the first step lands on x = 0, where A = 2x is singular
+        "newton-singular": diagnostics(*pmo.root(x**2 + a**2, x, x0=1.0, method="newton")),
+        # sigma < 0: PyMC's parameter check raises inside the inner graph
+        "newton-invalid-parameter": diagnostics(
+            *pmo.minimize(
+                -pm.logp(pm.Normal.dist(a, sigma), x).sum(), x, x0=np.zeros(3), method="newton"
+            )
+        ),
+    }
+    (got,) = check_agreement(problems, [a, sigma], [[np.ones(3), -1.0]])
+    assert not any(outs[1] for outs in got.values())
+    assert got["newton-max_iter"][2] == 2
+    assert got["iteration-max_iter"][2] == 3
+    assert got["newton-singular"][2] == 1
+    assert_array_equal(got["newton-singular"][0], np.zeros(3))
+    assert got["newton-invalid-parameter"][2] == -1
+    assert np.isnan(got["newton-invalid-parameter"][0]).all()
+
+
+@pytest.mark.slow
+def test_nutpie_samples_a_graph_native_minimize_natively():
+    pytest.importorskip("nutpie")
+    import pymc as pm
+
+    with pm.Model():
+        mu = pm.Normal("mu", 0.0, 1.0, shape=3)
+        x = pt.vector("x", shape=(3,))
+        x_star, success = pmo.minimize(
+            (pt.exp(x) - mu * x + 0.5 * x**2).sum(),
+            x,
+            x0=np.zeros(3),
+            method="newton",
+            structure="diagonal",
+        )
+        pm.Deterministic("converged", success)
+        pm.Normal("y", x_star, 0.5, observed=np.array([0.2, 0.5, 0.9]))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            idata = pm.sample(
+                nuts_sampler="nutpie",
+                draws=100,
+                tune=100,
+                chains=2,
+                random_seed=1,
+                progressbar=False,
+            )
+    assert not object_mode_warnings(caught)
+    posterior = idata.posterior
+    assert posterior.sizes["chain"] == 2 and posterior.sizes["draw"] == 100
+    assert bool(posterior["converged"].all())
+    assert np.isfinite(posterior["mu"].values).all()
