@@ -197,7 +197,9 @@ def _fixed_point_jax(op: FixedPointOp, node=None, **kwargs):
         def body(state):
             it, z, _ = state
             z_new = update(z)
-            return it + 1, z_new, jnp.max(jnp.abs(z_new - z), initial=0.0)
+            step = jnp.max(jnp.abs(z_new - z), initial=0.0)  # NaN stops the loop (cond)
+            # as in _iterations: a non-finite update leaves the last finite iterate
+            return it + 1, jnp.where(jnp.all(jnp.isfinite(z_new)), z_new, z), step
 
         it, z, step = jax.lax.while_loop(cond, body, (0, flat.pack(x0s), jnp.inf))
         success = jnp.isfinite(step) & (step <= tol)
