@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = [
+    "ANDERSON_MEMORY",
     "ARMIJO",
     "MAX_BACKTRACKS",
     "ROUNDING",
@@ -21,6 +22,8 @@ __all__ = [
     "newton",
 ]
 
+#: Anderson acceleration's history length (the common default of 5, Walker & Ni 2011).
+ANDERSON_MEMORY = 5
 #: Sufficient-decrease constant of the Armijo line search (the customary 1e-4, Nocedal & Wright).
 ARMIJO = 1e-4
 #: Step halvings before the line search gives up: 2⁻³⁰ ≈ 1e-9 of the Newton step.
@@ -106,7 +109,7 @@ def fixed_point_iteration(update, z0, *, tol: float, max_iter: int):
     return z, False, max_iter, max_iter
 
 
-def anderson(update, z0, *, tol: float, max_iter: int, memory: int = 5):
+def anderson(update, z0, *, tol: float, max_iter: int, memory: int = ANDERSON_MEMORY):
     """Anderson-accelerated fixed-point iteration (type II, Walker & Ni 2011), `memory` steps.
 
     With g(z) = T(z) − z and the last differences ΔZ, ΔG, the next iterate is

@@ -16,7 +16,7 @@ from pytensor.graph.replace import graph_replace
 from pytensor.link.jax.dispatch import jax_funcify
 
 from pymc_optim._implicit import implicit_pullback
-from pymc_optim._iterations import ARMIJO, MAX_BACKTRACKS, ROUNDING, STEP_TOL
+from pymc_optim._iterations import ANDERSON_MEMORY, ARMIJO, MAX_BACKTRACKS, ROUNDING, STEP_TOL
 from pymc_optim._newton import NewtonOp
 from pymc_optim._solver_op import SolverOp
 from pymc_optim.fixed_point import FixedPointOp
@@ -174,11 +174,8 @@ def _newton_jax(op: NewtonOp, node=None, **kwargs):
 
 @jax_funcify.register(FixedPointOp)
 def _fixed_point_jax(op: FixedPointOp, node=None, **kwargs):
-    if op.method != "iteration":
-        raise NotImplementedError(
-            f"`fixed_point(method={op.method!r})` has no JAX implementation yet; use "
-            "`method='newton'` or `method='iteration'` under the JAX backend."
-        )
+    if op.method == "anderson":
+        return _anderson_jax(op, node)
     xs, params = _typed_inner_inputs(op, node)
     update_fn = _jax_function([*xs, *params], _on(op, xs, params, [op.flat_update]))
     n_controls, n_params, tol, max_iter = op.n_controls, op.n_params, op.tol, op.max_iter
@@ -207,6 +204,51 @@ def _fixed_point_jax(op: FixedPointOp, node=None, **kwargs):
         return (*flat.unpack(z), success, it, it)
 
     return _with_implicit_vjp(op, node, fixed_point)
+
+
+def _anderson_jax(op: FixedPointOp, node):
+    """`_iterations.anderson` as a while_loop: the last `memory` differences live in fixed-size
+    arrays whose unused columns are zero (the minimum-norm least-squares γ is 0 there)."""
+    xs, params = _typed_inner_inputs(op, node)
+    update_fn = _jax_function([*xs, *params], _on(op, xs, params, [op.flat_update]))
+    n_controls, n_params, tol, max_iter = op.n_controls, op.n_params, op.tol, op.max_iter
+    memory = ANDERSON_MEMORY
+
+    def anderson(*inputs):
+        x0s, params = inputs[:n_controls], inputs[n_controls : n_controls + n_params]
+        flat = _Flat(x0s)
+
+        def residual(z):
+            return update_fn(*flat.unpack(z), *params)[0].astype(jnp.float64) - z
+
+        def converged(g):
+            return jnp.max(jnp.abs(g), initial=0.0) <= tol
+
+        def cond(state):
+            it, _, g, *_ = state
+            return (it < max_iter) & jnp.all(jnp.isfinite(g)) & ~converged(g)
+
+        def body(state):
+            it, z, g, dZ, dG = state
+            gamma = jnp.linalg.lstsq(dG, g)[0]
+            z_new = z + g - (dZ + dG) @ gamma
+            g_new = residual(z_new)
+            slot = it % memory
+            dZ = dZ.at[:, slot].set(z_new - z)
+            dG = dG.at[:, slot].set(g_new - g)
+            return it + 1, z_new, g_new, dZ, dG
+
+        z0 = flat.pack(x0s)
+        history = jnp.zeros((z0.shape[0], memory))
+        init = (0, z0, residual(z0), history, history)
+        it, z, g, _, _ = jax.lax.while_loop(cond, body, init)
+        finite = jnp.all(jnp.isfinite(g))
+        success = (it < max_iter) & finite & converged(g)
+        z = jnp.where(success, z + g, z)
+        count = jnp.asarray(jnp.where(it < max_iter, it + 1, max_iter), jnp.int64)
+        return (*flat.unpack(z), success, count, count)
+
+    return _with_implicit_vjp(op, node, anderson)
 
 
 def _with_implicit_vjp(op: SolverOp, node, solver):

@@ -36,6 +36,12 @@ def problems():
         values,
     )
     yield (
+        "fixed_point-anderson",
+        pmo.fixed_point(b * pt.cos(a * x), x, x0=np.zeros(3), method="anderson"),
+        (a, b),
+        values,
+    )
+    yield (
         "fixed_point-newton",
         pmo.fixed_point(b * pt.cos(a * x), x, x0=np.zeros(3), method="newton"),
         (a, b),
