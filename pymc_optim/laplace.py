@@ -31,7 +31,7 @@ __all__ = ["marginalize_laplace", "recover_latent"]
 
 ON_FAILURE = ("reject", "raise")
 #: Latent priors for which the Laplace approximation is exact given a Gaussian likelihood.
-_GAUSSIAN_PRIORS = {"NormalRV", "MvNormalRV", "GaussianRandomWalkRV", "ZeroSumNormalRV", "ARRV"}
+_GAUSSIAN_PRIORS = {"NormalRV", "MvNormalRV", "ZeroSumNormalRV", "AutoRegressiveRV", "RandomWalkRV"}
 
 
 def marginalize_laplace(
