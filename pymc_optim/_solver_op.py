@@ -107,8 +107,6 @@ class SolverOp(Op):
     implement `solve` with a numerical backend.
     """
 
-    default_output = None
-
     def __init__(self, problem: InnerProblem, *, n_extras: int = 0):
         self.problem = problem
         self.n_controls = len(problem.inner_xs)
