@@ -68,17 +68,12 @@ class NewtonOp(SolverOp):
         max_iter: int,
         n_extras: int = 0,
     ):
-        super().__init__(problem, n_extras=n_extras)
-        self._condition = condition
+        super().__init__(problem, condition=condition, n_extras=n_extras)
         self.merit = merit
         self._value = value
         self.minimization = minimization
         self.tol = tol
         self.max_iter = max_iter
-
-    @property
-    def condition(self) -> OptimalityCondition:
-        return self._condition
 
     @property
     def value(self):

@@ -107,8 +107,15 @@ class SolverOp(Op):
     implement `solve` with a numerical backend.
     """
 
-    def __init__(self, problem: InnerProblem, *, n_extras: int = 0):
+    def __init__(
+        self,
+        problem: InnerProblem,
+        *,
+        condition: OptimalityCondition | None = None,
+        n_extras: int = 0,
+    ):
         self.problem = problem
+        self._condition = condition
         self.n_controls = len(problem.inner_xs)
         self.n_params = len(problem.inner_params)
         self.n_extras = n_extras
@@ -117,8 +124,11 @@ class SolverOp(Op):
     # --- what is solved (subclasses) -------------------------------------------------------
     @property
     def condition(self) -> OptimalityCondition:
-        """F(x, θ) = 0 at the solution, on the inner variables."""
-        raise NotImplementedError
+        """F(x, θ) = 0 at the solution, on the inner variables (given to ``__init__``, or
+        built by a subclass that overrides this property)."""
+        if self._condition is None:
+            raise NotImplementedError(f"{type(self).__name__} defines no optimality condition.")
+        return self._condition
 
     @property
     def value(self) -> TensorVariable:

@@ -142,15 +142,10 @@ class FixedPointOp(SolverOp):
         tol: float,
         max_iter: int,
     ):
-        super().__init__(problem)
-        self._condition = condition
+        super().__init__(problem, condition=condition)
         self.method = method
         self.tol = tol
         self.max_iter = max_iter
-
-    @property
-    def condition(self) -> OptimalityCondition:
-        return self._condition
 
     @property
     def value(self) -> TensorVariable:

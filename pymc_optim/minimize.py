@@ -202,16 +202,11 @@ class MinimizeOp(SolverOp):
         hess: bool,
         options,
     ):
-        super().__init__(problem)
-        self._condition = condition
+        super().__init__(problem, condition=condition)
         self.method = method
         self.jac = jac
         self.hess = hess
         self.options = options
-
-    @property
-    def condition(self) -> OptimalityCondition:
-        return self._condition
 
     @property
     def _gradients(self) -> list[TensorVariable]:

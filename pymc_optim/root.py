@@ -163,15 +163,10 @@ class RootOp(SolverOp):
     def __init__(
         self, problem: InnerProblem, *, condition: OptimalityCondition, method: str, jac, options
     ):
-        super().__init__(problem)
-        self._condition = condition
+        super().__init__(problem, condition=condition)
         self.method = method
         self.jac = jac
         self.options = options
-
-    @property
-    def condition(self) -> OptimalityCondition:
-        return self._condition
 
     @property
     def value(self) -> TensorVariable:

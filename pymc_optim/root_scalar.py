@@ -140,14 +140,9 @@ class RootScalarOp(SolverOp):
         n_bracket: int,
         options,
     ):
-        super().__init__(problem, n_extras=n_bracket)
-        self._condition = condition
+        super().__init__(problem, condition=condition, n_extras=n_bracket)
         self.method = method
         self.options = options
-
-    @property
-    def condition(self) -> OptimalityCondition:
-        return self._condition
 
     @property
     def value(self) -> TensorVariable:
