@@ -15,6 +15,7 @@ from pytensor.graph.fg import FunctionGraph
 from pytensor.graph.replace import graph_replace
 from pytensor.link.jax.dispatch import jax_funcify
 
+from pymc_optim._failure import WarnOnFailure
 from pymc_optim._implicit import implicit_pullback
 from pymc_optim._iterations import ANDERSON_MEMORY, ARMIJO, MAX_BACKTRACKS, ROUNDING, STEP_TOL
 from pymc_optim._newton import NewtonOp
@@ -31,6 +32,23 @@ def _refuse_callback_solvers(op, node=None, **kwargs):
         "Use `method='newton'` (graph-native, runs in JAX) for minimize, root, minimize_scalar "
         "and root_scalar, or `method='newton'`/'iteration' for fixed_point."
     )
+
+
+@jax_funcify.register(WarnOnFailure)
+def _warn_on_failure(op, node=None, **kwargs):
+    import warnings
+
+    from pymc_optim._warnings import PymcOptimWarning
+
+    def warn(success):
+        if not bool(success):
+            warnings.warn(f"{op.message}; using its last iterate.", PymcOptimWarning, stacklevel=2)
+
+    def passthrough(value, success):
+        jax.debug.callback(warn, success)
+        return value
+
+    return passthrough
 
 
 def _typed_inner_inputs(op: SolverOp, node):

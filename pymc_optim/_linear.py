@@ -17,7 +17,7 @@ import pytensor.tensor as pt
 from pytensor.gradient import grad, jacobian
 from pytensor.tensor.variable import TensorVariable
 
-__all__ = ["STRUCTURES", "LinearStructure", "as_linear_structure"]
+__all__ = ["STRUCTURES", "LinearStructure", "as_linear_structure", "structure_from_pattern"]
 
 STRUCTURES = ("dense", "diagonal", "block_diagonal")
 
@@ -125,6 +125,23 @@ def as_linear_structure(structure, block_size=None, argument: str = "structure")
     if block_size is not None:
         raise ValueError(f"`block_size` is only used with `{argument}='block_diagonal'`.")
     return LinearStructure(structure)
+
+
+def structure_from_pattern(pattern: np.ndarray) -> LinearStructure:
+    """The most compact structure whose layout holds every nonzero of the (n, n) `pattern`.
+
+    Diagonal if only the diagonal is nonzero; block-diagonal with the smallest block size b
+    (a proper divisor of n) such that every nonzero (i, j) has i // b == j // b; else dense.
+    """
+    pattern = np.asarray(pattern, dtype=bool)
+    n = pattern.shape[0]
+    rows, cols = np.nonzero(pattern)
+    if np.all(rows == cols):
+        return LinearStructure("diagonal")
+    for b in range(2, n // 2 + 1):
+        if n % b == 0 and np.all(rows // b == cols // b):
+            return LinearStructure("block_diagonal", b)
+    return LinearStructure("dense")
 
 
 def _concat_flat(pieces) -> TensorVariable:

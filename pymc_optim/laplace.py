@@ -22,14 +22,19 @@ from pytensor.graph.replace import graph_replace, vectorize_graph
 from pytensor.graph.traversal import ancestors
 from pytensor.tensor.variable import TensorVariable
 
+from pymc_optim._failure import apply_failure_policy, check_on_failure
 from pymc_optim._implicit import OptimalityCondition
-from pymc_optim._linear import LinearStructure, as_linear_structure
+from pymc_optim._linear import LinearStructure, as_linear_structure, structure_from_pattern
 from pymc_optim._warnings import PymcOptimWarning
 from pymc_optim.minimize import minimize
 
 __all__ = ["marginalize_laplace", "recover_latent"]
 
-ON_FAILURE = ("reject", "raise")
+#: Largest latent size whose Hessian pattern "auto" computes (the pattern is a dense boolean
+#: (d, d) array: 10⁸ bytes at this size). Larger latents need an explicit `hessian_structure`.
+AUTO_STRUCTURE_MAX_SIZE = 10_000
+#: Hessian-vector products per compiled call when probing the pattern (bounds the memory).
+_PROBE_CHUNK = 128
 #: Latent priors for which the Laplace approximation is exact given a Gaussian likelihood.
 _GAUSSIAN_PRIORS = {"NormalRV", "MvNormalRV", "ZeroSumNormalRV", "AutoRegressiveRV", "RandomWalkRV"}
 
@@ -39,7 +44,7 @@ def marginalize_laplace(
     latent: str | TensorVariable | Sequence[str | TensorVariable],
     *,
     method: str = "newton",
-    hessian_structure: str = "dense",
+    hessian_structure: str = "auto",
     block_size: int | None = None,
     on_failure: str = "reject",
     optimizer_kwargs: Mapping | None = None,
@@ -63,16 +68,22 @@ def marginalize_laplace(
         Free, continuous random variables of `model` to integrate out.
     method : str, default "newton"
         The inner solver of :func:`pymc_optim.minimize` (``"newton"`` is graph-native).
-    hessian_structure : {"dense", "diagonal", "block_diagonal"}, default "dense"
-        Layout of H: ``"diagonal"`` when each latent element enters the likelihood separately
-        (independent random effects with an element-wise likelihood). A wrong choice gives a
-        wrong marginal.
+    hessian_structure : {"auto", "dense", "diagonal", "block_diagonal"}, default "auto"
+        Layout of H. ``"diagonal"`` when each latent element enters the density separately
+        (independent random effects with an element-wise likelihood), ``"block_diagonal"`` for
+        contiguous groups of `block_size` elements of the flattened latents (several effects
+        per group), ``"dense"`` otherwise. ``"auto"`` reads the layout off the model (see
+        Notes); the choice is kept in ``marginal_model._pmo_laplace.structure``. A wrong explicit
+        choice gives a wrong marginal.
     block_size : int, optional
         For ``hessian_structure="block_diagonal"``.
-    on_failure : {"reject", "raise"}, default "reject"
+    on_failure : {"reject", "raise", "warn"}, default "reject"
         What a failed inner solve does: ``"reject"`` makes the marginal −inf (NUTS rejects the
-        point); ``"raise"`` raises an ``AssertionError`` at that evaluation.
-        :func:`recover_latent` records success per draw.
+        point, which ``pm.sample`` counts as a divergence: ``idata.sample_stats.diverging``);
+        ``"raise"`` raises an ``AssertionError`` at that evaluation; ``"warn"`` emits a
+        :class:`~pymc_optim.PymcOptimWarning` and evaluates the marginal at the last iterate
+        (for exploration, not final inference). :func:`recover_latent` records success per
+        draw in ``"<latent>_solved"``.
     optimizer_kwargs : dict, optional
         Passed to :func:`pymc_optim.minimize`.
 
@@ -95,15 +106,27 @@ def marginalize_laplace(
     -----
     PymcOptimWarning
         When a latent's prior is not Gaussian: the approximation may then be poor.
+
+    Notes
+    -----
+    ``hessian_structure="auto"`` evaluates the exact Hessian of the model's log density with
+    respect to the (flattened, concatenated, unconstrained) latents at two random points, each
+    variable of the model jittered uniformly in (−1, 1) around its initial value in the
+    unconstrained space, and keeps the most compact layout holding every nonzero entry of
+    either. Structural zeros of the graph are exact zeros in floating point, while an entry
+    that depends on the point vanishing at two random points would be a coincidence; the
+    hyperparameters are jittered too because a structure can depend on them (a correlation of
+    0 at the initial point). If no finite Hessian is found, or the latent has more than
+    ``AUTO_STRUCTURE_MAX_SIZE`` elements, the layout is ``"dense"``, which is always correct.
     """
-    if on_failure == "warn":
-        raise NotImplementedError("`on_failure='warn'` is not implemented yet; use 'reject'.")
-    if on_failure not in ON_FAILURE:
-        raise ValueError(
-            f"`on_failure` must be one of {', '.join(map(repr, ON_FAILURE))}; got {on_failure!r}."
-        )
-    structure = as_linear_structure(hessian_structure, block_size, "hessian_structure")
+    check_on_failure(on_failure)
     latent_rvs = _check_latents(model, latent)
+    if hessian_structure == "auto":
+        if block_size is not None:
+            raise ValueError("`block_size` is only used with `hessian_structure='block_diagonal'`.")
+        structure = _detect_hessian_structure(model, latent_rvs)
+    else:
+        structure = as_linear_structure(hessian_structure, block_size, "hessian_structure")
 
     fgraph, memo = fgraph_from_model(model, inlined_views=True)
     latent_fg = [memo[rv] for rv in latent_rvs]
@@ -133,10 +156,10 @@ def marginalize_laplace(
     terms = []
     for rv, x, log_jac in zip(latent_fg, constrained, log_jacobians, strict=True):
         prior = graph_replace(rv.owner.inputs[0], to_constrained, strict=False)
-        terms.append(pm.logp(prior, x).sum() + log_jac)
+        terms.append(_logp(prior, x).sum() + log_jac)
     for obs in dependents:
         obs_rv, data = obs.owner.inputs[0], obs.owner.inputs[1]
-        terms.append(pm.logp(graph_replace(obs_rv, to_constrained, strict=False), data).sum())
+        terms.append(_logp(graph_replace(obs_rv, to_constrained, strict=False), data).sum())
     joint = pt.add(*terms)
 
     z_star, success = minimize(
@@ -158,7 +181,9 @@ def marginalize_laplace(
         + 0.5 * d * np.log(2 * np.pi)
         - 0.5 * structure.logdet_positive_definite(hessian)
     )
-    marginal = _apply_failure_policy(marginal, success, on_failure)
+    marginal = apply_failure_policy(
+        marginal, success, on_failure, "the inner solve of the Laplace marginal did not converge"
+    )
 
     for obs in [*dependents, *latent_fg]:
         fgraph.remove_output(fgraph.outputs.index(obs))
@@ -338,6 +363,57 @@ def _check_latents(model: pm.Model, latent) -> list[TensorVariable]:
     return out
 
 
+def _detect_hessian_structure(model: pm.Model, latent_rvs, seed: int = 20261130):
+    """The layout of −∇²ℓ in the flat unconstrained latent, read off two random points."""
+    values = [model.rvs_to_values[rv] for rv in latent_rvs]
+    start = model.initial_point()
+    shapes = [np.shape(start[v.name]) for v in values]
+    d = sum(int(np.prod(shape, dtype=int)) for shape in shapes)
+    if d > AUTO_STRUCTURE_MAX_SIZE:
+        warnings.warn(
+            f"`hessian_structure='auto'`: the latent has {d} elements, more than "
+            f"{AUTO_STRUCTURE_MAX_SIZE}; using 'dense'. Pass `hessian_structure` explicitly.",
+            PymcOptimWarning,
+            stacklevel=3,
+        )
+        return LinearStructure("dense")
+    z = pt.vector("z", dtype=values[0].dtype, shape=(d,))
+    logp = graph_replace(
+        model.logp(jacobian=True), dict(zip(values, _split(z, shapes), strict=True)), strict=False
+    )
+    gradient = grad(logp, z)
+    direction = z.type("direction")
+    directions = pt.matrix("directions", dtype=z.dtype)
+    hvp = vectorize_graph(grad((gradient * direction).sum(), z), {direction: directions})
+    others = [v for v in model.value_vars if v not in values]
+    fn = pytensor.function([z, *others, directions], hvp, on_unused_input="ignore")
+
+    rng = np.random.default_rng(seed)
+    pattern, found = np.zeros((d, d), dtype=bool), 0
+    for _ in range(8):  # two finite points, with a few retries at jitters that fail
+        point = {
+            name: value + rng.uniform(-1, 1, np.shape(value)).astype(value.dtype)
+            if np.issubdtype(np.asarray(value).dtype, np.floating)
+            else value
+            for name, value in start.items()
+        }
+        flat = np.concatenate([np.ravel(point[v.name]) for v in values]).astype(z.dtype)
+        rest = [point[v.name] for v in others]
+        hessian = np.concatenate(
+            [
+                fn(flat, *rest, np.eye(d, dtype=z.dtype)[i : i + _PROBE_CHUNK])
+                for i in range(0, d, _PROBE_CHUNK)
+            ]
+        )
+        if not np.all(np.isfinite(hessian)):
+            continue
+        pattern |= hessian != 0
+        found += 1
+        if found == 2:
+            return structure_from_pattern(pattern | pattern.T)
+    return LinearStructure("dense")
+
+
 def _observed_dependents(fgraph, latent_fg, latent_rvs):
     dependents = []
     latent_set = set(latent_fg)
@@ -366,14 +442,21 @@ def _observed_dependents(fgraph, latent_fg, latent_rvs):
     return dependents
 
 
-def _apply_failure_policy(marginal, success, on_failure):
-    if on_failure == "reject":
-        return pt.switch(success, marginal, -np.inf)
-    if on_failure == "raise":
-        from pytensor.raise_op import Assert
+def _logp(rv, value):
+    """``pm.logp(rv, value)`` where `rv`'s inputs may be model variables of the fgraph.
 
-        return Assert("the inner solve of the Laplace marginal did not converge")(marginal, success)
-    return marginal
+    Deriving some log densities (e.g. GaussianRandomWalk's) clones the graph above the variable,
+    which would duplicate the model's variables; the density is derived on stand-ins for them
+    and written back on them.
+    """
+    model_vars = [
+        v
+        for v in ancestors([rv, value])
+        if v.owner is not None and isinstance(v.owner.op, ModelVar)
+    ]
+    standins = {v: v.type() for v in model_vars}
+    derived = pm.logp(*graph_replace([rv, value], standins, strict=False))
+    return graph_replace(derived, {s: v for v, s in standins.items()}, strict=False)
 
 
 def _split(flat, shapes):
