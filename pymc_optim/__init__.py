@@ -5,6 +5,7 @@ import importlib.util
 from pymc_optim import _vectorize  # noqa: F401  (registers native batching)
 from pymc_optim._solver_op import SolverInfo, solution_info
 from pymc_optim._warnings import PymcOptimWarning
+from pymc_optim.constrained import LagrangeMultipliers, lagrange_multipliers
 from pymc_optim.fixed_point import fixed_point
 from pymc_optim.laplace import marginalize_laplace, recover_latent
 from pymc_optim.minimize import minimize
@@ -13,9 +14,11 @@ from pymc_optim.root import root
 from pymc_optim.root_scalar import root_scalar
 
 __all__ = [
+    "LagrangeMultipliers",
     "PymcOptimWarning",
     "SolverInfo",
     "fixed_point",
+    "lagrange_multipliers",
     "marginalize_laplace",
     "minimize",
     "minimize_scalar",

@@ -16,6 +16,7 @@ import numpy as np
 __all__ = [
     "Packer",
     "minimize",
+    "minimize_constrained",
     "minimize_scalar",
     "root",
     "root_scalar",
@@ -94,6 +95,55 @@ def minimize(
         return packer.failed(), False, -1, -1
     success = bool(res.success) and bool(np.all(np.isfinite(res.x)))
     return packer.unpack(res.x), success, getattr(res, "nit", -1), getattr(res, "nfev", -1)
+
+
+def minimize_constrained(problem, x0: np.ndarray, *, method: str, options: dict):
+    """scipy.optimize.minimize with bounds and constraints, from a constrained problem's
+    callbacks (:class:`pymc_optim.constrained._NumericalProblem`): values, gradients,
+    constraint Jacobians, and for trust-constr Hessian-vector products and constraint Hessians.
+    Returns the flat x (scipy's last iterate), success, and the counts."""
+    from scipy.optimize import Bounds, NonlinearConstraint
+    from scipy.optimize import minimize as scipy_minimize
+
+    extra = {}
+    if problem.lower is not None:
+        extra["bounds"] = Bounds(problem.lower, problem.upper)
+    constraints = []
+    for k, (kind, size) in enumerate(zip(problem.kinds, problem.sizes, strict=True)):
+        upper = 0.0 if kind == "eq" else np.inf
+        hess = {}
+        if method == "trust-constr":
+            hess["hess"] = lambda z, v, k=k: problem.constraint_hessian(k, z, v)
+        constraints.append(
+            NonlinearConstraint(
+                lambda z, k=k: problem.constraints(z)[0][k],
+                np.zeros(size),
+                np.full(size, upper),
+                jac=lambda z, k=k: problem.constraints(z)[1][k],
+                **hess,
+            )
+        )
+    if constraints:
+        extra["constraints"] = constraints
+    if method == "trust-constr":
+        extra["hessp"] = problem.hessp
+    try:
+        with warnings.catch_warnings():
+            # trust-constr warns that equality constraints are solved "approximately", and
+            # about singular Jacobians when started infeasible; both end in the KKT check.
+            warnings.simplefilter("ignore", UserWarning)
+            res = scipy_minimize(
+                problem.value_and_grad,
+                np.asarray(x0, dtype="float64").ravel(),
+                method=method,
+                jac=True,
+                **extra,
+                **options,
+            )
+    except _SOLVER_ERRORS:
+        return np.full(np.size(x0), np.nan), False, -1, -1
+    success = bool(res.success) and bool(np.all(np.isfinite(res.x)))
+    return res.x, success, getattr(res, "nit", -1), getattr(res, "nfev", -1)
 
 
 def root(

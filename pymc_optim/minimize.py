@@ -20,6 +20,7 @@ from pymc_optim._inner_graph import (
 from pymc_optim._linear import as_linear_structure
 from pymc_optim._newton import NewtonOp, newton_options
 from pymc_optim._solver_op import SolverOp, make_solution
+from pymc_optim.constrained import constrained_minimize
 
 __all__ = ["MINIMIZE_METHODS", "MinimizeOp", "minimize"]
 
@@ -52,7 +53,9 @@ def minimize(
     x: TensorVariable | Sequence[TensorVariable],
     *,
     x0=None,
-    method: str = "BFGS",
+    method: str | None = None,
+    bounds=None,
+    constraints=None,
     jac: bool = True,
     hess: bool = False,
     structure: str = "dense",
@@ -70,10 +73,20 @@ def minimize(
     x0 : number, array, TensorVariable or list of them, optional
         Initial guess, cast to `x`'s type. When ``None``, the runtime value of `x` is the initial
         guess and `x` stays an input of the returned graph.
-    method : str, default "BFGS"
-        Any method of :func:`scipy.optimize.minimize` without bounds or constraints, or
-        ``"newton"``: damped Newton with exact Hessians and an Armijo line search, compiled into
-        the graph (no scipy; runs under the JAX backend too).
+    method : str, optional
+        Any method of :func:`scipy.optimize.minimize` (default "BFGS"), or ``"newton"``: damped
+        Newton with exact Hessians and an Armijo line search, compiled into the graph (no scipy;
+        runs under the JAX backend too). With `bounds` or `constraints`: "L-BFGS-B" (bounds
+        only; the default then), "SLSQP" (the default with constraints), "trust-constr", or
+        "newton" (equality constraints only, Newton on the KKT system).
+    bounds : (lower, upper) or scipy.optimize.Bounds, optional
+        Element-wise bounds on a single `x`: each side ``None`` (unbounded), a number, an array
+        or an expression of the parameters, broadcast to `x`'s shape.
+    constraints : dict or list of dict, optional
+        scipy-style ``{"type": "eq" | "ineq", "fun": expr}`` with `expr` a symbolic expression of
+        `x` and of the parameters (any shape): expr = 0, or expr ≥ 0. See
+        :mod:`pymc_optim.constrained` for the KKT gradient, the active-set tolerance and the
+        degenerate cases, and :func:`lagrange_multipliers` for the multipliers.
     jac : bool, default True
         Give scipy the gradient of `objective` (built symbolically). Ignored by the
         derivative-free methods (Nelder-Mead, Powell, COBYLA, COBYQA).
@@ -125,6 +138,23 @@ def minimize(
     >>> pt.grad(x_star.sum(), a).eval({a: [1.0, 2.0]}).round(6)
     array([1., 1.])
     """
+    if bounds is not None or constraints is not None:
+        if not (jac and not hess and structure == "dense" and block_size is None):
+            raise ValueError(
+                "With `bounds` or `constraints`, `jac`, `hess`, `structure` and `block_size` "
+                "keep their defaults (the KKT system is built from the graph)."
+            )
+        return constrained_minimize(
+            objective,
+            x,
+            x0=x0,
+            method=method,
+            bounds=bounds,
+            constraints=constraints,
+            optimizer_kwargs=optimizer_kwargs,
+        )
+    if method is None:
+        method = "BFGS"
     xs, is_list = as_control_variables(x)
     objective = pt.as_tensor_variable(objective)
     if objective.ndim != 0:
@@ -148,10 +178,9 @@ def minimize(
     options = check_optimizer_kwargs(
         optimizer_kwargs,
         reserved={
-            "bounds": "the implicit gradient of an unconstrained minimum ignores them; "
-            "bounded problems are not supported by `minimize` yet.",
-            "constraints": "the implicit gradient of an unconstrained minimum ignores them; "
-            "constrained problems are not supported by `minimize` yet.",
+            "bounds": "use the `bounds` argument (its gradient goes through the KKT conditions).",
+            "constraints": "use the `constraints` argument (its gradient goes through the KKT "
+            "conditions).",
             "jac": "use the `jac` argument.",
             "hess": "use the `hess` argument.",
             "hessp": "it is built from the objective's graph.",
