@@ -138,12 +138,13 @@ def constrained_minimize(
         Boolean scalar: scipy converged, the KKT conditions hold at x* and the active set is not
         degenerate (see the module Notes). Use :func:`lagrange_multipliers` for λ, μ and ν.
     """
-    (x,), is_list = as_control_variables(x)
+    xs, is_list = as_control_variables(x)
     if is_list:
         raise NotImplementedError(
             "`bounds` and `constraints` take a single control variable `x`; got a list. "
             "Concatenate the pieces into one vector."
         )
+    (x,) = xs
     objective = pt.as_tensor_variable(objective)
     if objective.ndim != 0:
         raise ValueError(
