@@ -4,6 +4,7 @@ import importlib.util
 
 from pymc_optim import (
     _rewrites,  # noqa: F401  (registers the scalar-specialization rewrite)
+    _structured_linalg,  # noqa: F401  (registers the Kronecker / block-diagonal rewrites)
     _vectorize,  # noqa: F401  (registers native batching)
 )
 from pymc_optim._solver_op import SolverInfo, solution_info

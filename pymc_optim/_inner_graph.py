@@ -12,6 +12,8 @@ from pytensor.graph.traversal import ancestors, graph_inputs, io_toposort
 from pytensor.tensor.random.op import RandomVariable
 from pytensor.tensor.variable import TensorVariable
 
+from pymc_optim._structured_linalg import structure_linalg
+
 __all__ = ["InnerProblem", "as_control_variables", "build_inner_problem", "cast_initial_guess"]
 
 
@@ -119,7 +121,9 @@ def build_inner_problem(
     outside it, not at every inner iteration, and so that gradients flow to them through ordinary
     graph differentiation.
     """
-    outputs = list(outputs)
+    # Kronecker / block-diagonal matrices factored first, so that the parameters are the factors
+    # (e.g. cholesky(A), cholesky(B)) and not the dense (N, N) matrix they would make.
+    outputs = structure_linalg(list(outputs))
     all_ancestors = set(ancestors(outputs))
     for xi in xs:
         if xi not in all_ancestors:

@@ -1,0 +1,598 @@
+"""Graph rewrites that decompose Kronecker and block-diagonal matrices through their factors.
+
+Latent Gaussian fields are structured: grouped random effects give block-diagonal covariances
+(Σ = block_diag(Σ₁, …, Σ_G)), separable space–time effects give Kronecker products
+(Σ = Σ_t ⊗ Σ_s). A dense Cholesky, solve or determinant of such a matrix costs O(N³); through
+the factors it costs the factors' O(n³ + m³) (plus O(N(n + m)) to apply them) or G·O(b³).
+
+PyTensor 2.38 already lifts ``inv``/``pinv``/``cholesky`` through ``kron`` and ``block_diag``
+(``local_lift_through_linalg``, specialize phase only) and rewrites ``det`` of them. This module
+adds, for A (n × n), B (m × m), N = n·m and ⊗ = ``pt.linalg.kron`` (row-major: the element
+(i·m + k) of a vector is X[i, k] of its (n, m) reshape, so (A ⊗ B) vec(X) = vec(A X Bᵀ)):
+
+- ``cholesky(A ⊗ B) = cholesky(A) ⊗ cholesky(B)``, ``cholesky(block_diag(Aᵢ)) =
+  block_diag(cholesky(Aᵢ))``, batched (``Blockwise``) inputs included, and as early as the
+  canonicalize phase so that the rewrites below see the factors;
+- ``solve``, ``solve_triangular`` and ``cho_solve`` with a Kronecker matrix by the vec trick
+  X = A⁻¹ Y B⁻ᵀ (two small solves with many right-hand sides), and with a block-diagonal matrix
+  as independent block solves — one batched solve when the blocks share a static shape;
+- log-determinants: ``slogdet``, ``log(det(·))``, ``log(abs(det(·)))`` and the Cholesky form
+  Σ log diag(L) of a Kronecker product, log|A ⊗ B| = m log|A| + n log|B| (sign sign(A)ᵐ sign(B)ⁿ),
+  and of a block-diagonal matrix, Σᵢ log|Aᵢ|;
+- ``(A ⊗ B)ᵀ = Aᵀ ⊗ Bᵀ`` and ``block_diag(Aᵢ)ᵀ = block_diag(Aᵢᵀ)`` (the gradient of a Cholesky
+  solves with Lᵀ), and a fix for batched ``log(det(·))``, which PyTensor 2.38 cannot compile.
+
+Registration. The rewrites carry the tag ``"pmo_structured_linalg"`` (`TAG`). They run in every
+``FAST_RUN`` compilation — an early pass before canonicalize (so that ``log(det(A ⊗ B))`` is
+taken before PyTensor's ``det(A ⊗ B) = det(A)ᵐ det(B)ⁿ``, which over/underflows), and again in
+canonicalize, stabilize and specialize for patterns that appear later — which includes the inner
+graphs of the solver Ops (compiled with ``pytensor.function`` in the default mode).
+``mode.excluding(TAG)`` turns them all off (the dense reference in tests and benchmarks).
+
+Gradients. Compile-time rewrites act after ``pytensor.grad`` has already differentiated the dense
+graph: the Cholesky gradient of a Kronecker covariance then still builds an (N, N) cotangent (its
+triangular solves go through the factors, O(N^2.5), but the dense O(N²) memory remains).
+:func:`structure_linalg` applies the same rewrites to a graph *before* it is differentiated, so
+the gradient is taken of the factored graph and never forms an (N, N) matrix. PyMC's
+``model.logp()`` (hence ``compile_logp``, ``compile_dlogp``, ``pm.sample``) is passed through it
+automatically: the rewrites are registered in PyMC's logprob ``cleanup`` pass.
+
+Symmetry. Like PyTensor's own lift, the Cholesky rewrites assume that the factors are symmetric
+(``cholesky`` reads one triangle; the triangle of A ⊗ B holds entries from both triangles of B).
+Triangular solves and the Σ log diag form are rewritten only when the factors are known to be
+triangular (outputs of ``cholesky``, their transposes, or tagged ``lower_triangular`` /
+``upper_triangular``); block-diagonal matrices need no such condition.
+
+Laplace. For a latent x with prior N(0, Q⁻¹) and likelihood p(y | x, θ), the Laplace Hessian is
+H = Q + W with W = −∇²ₓ log p(y | x). Its structure, and what is done with it:
+
+- block-diagonal Q (independent groups of b correlated effects) and a likelihood whose terms
+  each depend on one group: W is block-diagonal with the same blocks, so H is block-diagonal.
+  ``marginalize_laplace(..., hessian_structure="block_diagonal", block_size=b)`` (or ``"auto"``)
+  builds the (G, b, b) blocks with b reverse passes and factors each: O(G b³).
+- Kronecker Q = Q_t ⊗ Q_s with a Gaussian likelihood of constant precision τ (W = τI): H is
+  not a Kronecker product but shares its eigenvectors, H = (U_t ⊗ U_s)(Λ_t ⊗ Λ_s + τ)(…)ᵀ,
+  so log det H = Σ log(λ_t,i λ_s,k + τ) in O(n³ + m³) — the form of PyMC's ``KroneckerNormal``.
+  No rewrite recognises Q + τI from a dense graph; the model must say it (KroneckerNormal with
+  ``sigma``).
+- Kronecker Q with a non-Gaussian element-wise likelihood (Poisson counts on a space–time grid):
+  W = diag(w) with w varying by element, and Q + diag(w) is neither a Kronecker product nor
+  block-diagonal. Nothing of the product structure survives in H: the Hessian is dense, built
+  with N Hessian–vector products and factored in O(N³) (``hessian_structure="dense"``, which is
+  what ``"auto"`` detects). What the rewrites still save there is every operation on the prior
+  alone: its log-density (log det Q = m log det Q_t + n log det Q_s), the prior's part of the
+  gradient and of the Hessian–vector products inside the Newton iterations (solves with the
+  Kronecker Cholesky factor by the vec trick), provided the prior's graph is factored before it
+  is differentiated (:func:`structure_linalg`). Cheaper exact alternatives exist (conjugate
+  gradients on H with Kronecker matrix–vector products and a stochastic or Lanczos log-det) but
+  they are approximations of log det H and are not implemented here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytensor.tensor as pt
+from pytensor.compile import optdb
+from pytensor.configdefaults import config
+from pytensor.graph.basic import Variable
+from pytensor.graph.fg import FunctionGraph
+from pytensor.graph.replace import vectorize_graph
+from pytensor.graph.rewriting.basic import EquilibriumGraphRewriter, node_rewriter
+from pytensor.graph.traversal import apply_ancestors
+from pytensor.scalar.basic import Abs, Log, Sign
+from pytensor.tensor.basic import ExtractDiag
+from pytensor.tensor.blockwise import Blockwise
+from pytensor.tensor.elemwise import DimShuffle, Elemwise
+from pytensor.tensor.math import Sum
+from pytensor.tensor.nlinalg import Det, KroneckerProduct, SLogDet
+from pytensor.tensor.shape import SpecifyShape
+from pytensor.tensor.slinalg import (
+    BlockDiagonal,
+    Cholesky,
+    CholeskySolve,
+    Solve,
+    SolveTriangular,
+    block_diag,
+)
+
+__all__ = ["TAG", "structure_linalg"]
+
+#: The tag of every rewrite here: ``get_default_mode().excluding(TAG)`` compiles densely.
+TAG = "pmo_structured_linalg"
+
+
+def structure_linalg(outputs: Variable | Sequence[Variable]):
+    """Rewrite `outputs` so that Kronecker and block-diagonal matrices are decomposed through
+    their factors, before the graph is differentiated.
+
+    Parameters
+    ----------
+    outputs : Variable or sequence of Variable
+        Left unchanged (the graph is cloned; its inputs are kept).
+
+    Returns
+    -------
+    outputs : Variable or list of Variable
+        Equal in value; take ``pytensor.grad`` of these to get gradients that never form the
+        (N, N) matrix.
+
+    Examples
+    --------
+    >>> import numpy as np, pytensor, pytensor.tensor as pt
+    >>> a, b = pt.dmatrix("a"), pt.dmatrix("b")
+    >>> L = pt.linalg.cholesky(pt.linalg.kron(a, b))
+    >>> [logdet] = structure_linalg([2 * pt.log(pt.diagonal(L)).sum()])
+    >>> A, B = np.diag([1.0, 2.0]), np.diag([3.0, 4.0, 5.0])
+    >>> bool(np.isclose(logdet.eval({a: A, b: B}), 3 * np.log(2.0) + 2 * np.log(60.0)))
+    True
+    """
+    single = isinstance(outputs, Variable)
+    outs = [outputs] if single else list(outputs)
+    if not _has_structure(outs):
+        return outputs if single else outs  # nothing to factor: the very same variables
+    fgraph = FunctionGraph(outputs=outs, clone=True, copy_inputs=False, copy_orphans=False)
+    _equilibrium().rewrite(fgraph)
+    return fgraph.outputs[0] if single else list(fgraph.outputs)
+
+
+def _has_structure(outputs) -> bool:
+    return any(
+        isinstance(_core_op(node.op), KroneckerProduct | BlockDiagonal)
+        for node in apply_ancestors(outputs)
+    )
+
+
+# --- recognising structure --------------------------------------------------------------------
+
+
+def _core_op(op):
+    return op.core_op if isinstance(op, Blockwise) else op
+
+
+def _kron_factors(x):
+    """(A, B) if x = A ⊗ B of two matrices (batched through Blockwise), else None."""
+    x = _unspecified(x)
+    node = x.owner
+    if node is None:
+        return None
+    if (inner := _padded(x)) is not None:
+        factors = _kron_factors(inner)
+        k = x.ndim - inner.ndim
+        return factors and tuple(pt.expand_dims(f, tuple(range(k))) for f in factors)
+    if (inner := _squeezed(x)) is not None:
+        factors = _kron_factors(inner)
+        k = inner.ndim - x.ndim
+        if factors and all(f.ndim == inner.ndim for f in factors):
+            return tuple(f[(0,) * k] for f in factors)
+        return None
+    if isinstance(node.op, KroneckerProduct):
+        a, b = node.inputs
+        return (a, b) if a.ndim == 2 and b.ndim == 2 else None
+    if isinstance(node.op, Blockwise) and isinstance(node.op.core_op, KroneckerProduct):
+        return tuple(node.inputs)
+    return None
+
+
+def _blocks(x):
+    """[A₁, …, A_k] if x = block_diag(A₁, …, A_k) (batched through Blockwise), else None."""
+    x = _unspecified(x)
+    node = x.owner
+    if node is not None and isinstance(_core_op(node.op), BlockDiagonal):
+        return list(node.inputs)
+    if (inner := _padded(x)) is not None:
+        blocks = _blocks(inner)
+        k = x.ndim - inner.ndim
+        return blocks and [pt.expand_dims(blk, tuple(range(k))) for blk in blocks]
+    return None
+
+
+def _unspecified(x):
+    """x without the SpecifyShape wrappers that replacements put on it."""
+    while x.owner is not None and isinstance(x.owner.op, SpecifyShape):
+        x = x.owner.inputs[0]
+    return x
+
+
+def _squeezed(x):
+    """y if x is y without some leading broadcastable axes (a Blockwise gradient's squeeze)."""
+    x = _unspecified(x)
+    node = x.owner
+    if node is None or not isinstance(node.op, DimShuffle):
+        return None
+    y = node.inputs[0]
+    k = y.ndim - x.ndim
+    if (
+        k > 0
+        and tuple(node.op.new_order) == tuple(range(k, y.ndim))
+        and all(y.type.broadcastable[:k])
+    ):
+        return y
+    return None
+
+
+def _padded(x):
+    """y if x is y with new leading broadcastable axes (how Blockwise batches a core input)."""
+    x = _unspecified(x)
+    node = x.owner
+    if node is None or not isinstance(node.op, DimShuffle):
+        return None
+    nd = node.inputs[0].ndim
+    k = x.ndim - nd
+    if k > 0 and tuple(node.op.new_order) == (*("x",) * k, *range(nd)):
+        return node.inputs[0]
+    return None
+
+
+def _transposed(x):
+    """y if x = yᵀ (a swap of the last two axes and nothing else), else None."""
+    x = _unspecified(x)
+    node = x.owner
+    if node is None or not isinstance(node.op, DimShuffle):
+        return None
+    nd = node.inputs[0].ndim
+    if nd >= 2 and tuple(node.op.new_order) == (*range(nd - 2), nd - 1, nd - 2):
+        return node.inputs[0]
+    return None
+
+
+def _is_triangular(x, lower: bool) -> bool:
+    """Whether x is known to be lower (upper) triangular from how it was made."""
+    x = _unspecified(x)
+    if getattr(x.tag, "lower_triangular" if lower else "upper_triangular", False):
+        return True
+    if x.owner is None:
+        return False
+    op = _core_op(x.owner.op)
+    if isinstance(op, Cholesky):
+        return op.lower == lower
+    if (y := _transposed(x)) is not None:
+        return _is_triangular(y, not lower)
+    if (y := _padded(x)) is not None or (y := _squeezed(x)) is not None:
+        return _is_triangular(y, lower)
+    parts = _kron_factors(x) or _blocks(x)
+    return bool(parts) and all(_is_triangular(p, lower) for p in parts)
+
+
+def _cholesky_factor(x) -> bool:
+    """Whether x is a Cholesky factor (triangular with a positive, or NaN, diagonal)."""
+    x = _unspecified(x)
+    if x.owner is None:
+        return False
+    if isinstance(_core_op(x.owner.op), Cholesky):
+        return True
+    if any((y := f(x)) is not None for f in (_transposed, _padded, _squeezed)):
+        return _cholesky_factor(y)
+    parts = _kron_factors(x) or _blocks(x)
+    return bool(parts) and all(_cholesky_factor(p) for p in parts)
+
+
+def _same_block_shape(blocks) -> int | None:
+    """The common static size s of (…, s, s) blocks with one batch layout, if there is one."""
+    sizes = {blk.type.shape[-1] for blk in blocks} | {blk.type.shape[-2] for blk in blocks}
+    layouts = {blk.type.broadcastable[:-2] for blk in blocks}
+    if len(blocks) > 1 and len(sizes) == 1 and None not in sizes and len(layouts) == 1:
+        return sizes.pop()
+    return None
+
+
+# --- structured forms (None when x has no structure) ------------------------------------------
+
+
+def _structured_cholesky(x, lower: bool):
+    if factors := _kron_factors(x):
+        return _kron(*(_cholesky(f, lower) for f in factors))
+    if blocks := _blocks(x):
+        return block_diag(*(_cholesky(blk, lower) for blk in blocks))
+    return None
+
+
+def _cholesky(x, lower):
+    structured = _structured_cholesky(x, lower)
+    return pt.linalg.cholesky(x, lower=lower) if structured is None else structured
+
+
+def _kron_solve(a, b, rhs, b_ndim, solve_factor):
+    """Solve (a ⊗ b) x = rhs with two factor solves: X = a⁻¹ Y b⁻ᵀ on the (n, m) reshapes."""
+    n, m = a.shape[-1], b.shape[-1]
+    y = rhs[..., None] if b_ndim == 1 else rhs
+    c = y.shape[-1]
+    z = solve_factor(a, y.reshape((*_batch(y, 2), n, m * c)))  # a⁻¹ along the n axis
+    z = z.reshape((*_batch(z, 2), n, m, c))
+    k = z.ndim - 3
+    z = z.transpose(*range(k), k + 1, k, k + 2)  # (…, m, n, c)
+    w = solve_factor(b, z.reshape((*_batch(z, 3), m, n * c)))  # b⁻¹ along the m axis
+    w = w.reshape((*_batch(w, 2), m, n, c))
+    k = w.ndim - 3
+    x = w.transpose(*range(k), k + 1, k, k + 2).reshape((*_batch(w, 3), n * m, c))
+    return x[..., 0] if b_ndim == 1 else x
+
+
+def _block_solve(blocks, rhs, b_ndim, solve_block):
+    """Solve block_diag(blocks) x = rhs block by block (one batched solve for equal blocks)."""
+    y = rhs[..., None] if b_ndim == 1 else rhs
+    s = _same_block_shape(blocks)
+    if s is not None:
+        k = len(blocks)
+        stacked = pt.stack(blocks, axis=-3)  # (…, k, s, s)
+        x = solve_block(stacked, y.reshape((*_batch(y, 2), k, s, y.shape[-1])))
+        x = x.reshape((*_batch(x, 3), k * s, x.shape[-1]))
+    else:
+        pieces, start = [], 0
+        for blk in blocks:
+            size = blk.shape[-1]
+            pieces.append(solve_block(blk, y[..., start : start + size, :]))
+            start = start + size
+        x = pt.concatenate(pieces, axis=-2)
+    return x[..., 0] if b_ndim == 1 else x
+
+
+def _structured_slogdet(x):
+    """(sign, log|det x|) through the factors of x, or None."""
+    if factors := _kron_factors(x):
+        (sa, la), (sb, lb) = (_slogdet(f) for f in factors)
+        n, m = (f.shape[-1].astype(la.dtype) for f in factors)
+        return sa**m * sb**n, m * la + n * lb
+    if blocks := _blocks(x):
+        parts = [_slogdet(blk) for blk in blocks]
+        return pt.mul(*(p[0] for p in parts)), pt.add(*(p[1] for p in parts))
+    return None
+
+
+def _slogdet(x):
+    structured = _structured_slogdet(x)
+    # pt.linalg.slogdet is the differentiable sign(det), log|det| pair; compiled, it becomes
+    # SLogDet (PyTensor's specialization, or ours below for batched matrices).
+    return pt.linalg.slogdet(x) if structured is None else structured
+
+
+def _structured_sum_log_diag(x):
+    """Σ log diag(x) over the last axis through the factors of x, or None.
+
+    For x = P ⊗ Q, diag x = diag P ⊗ diag Q, so Σ log diag x = m Σ log diag P + n Σ log diag Q —
+    equal only where diag P, diag Q > 0: taken only when P and Q are Cholesky factors (a failed
+    factor is NaN either way). For block-diagonal x, the sum of the blocks' sums (always)."""
+    if x.owner is not None and isinstance(op := _core_op(x.owner.op), Cholesky):
+        structured = _structured_cholesky(x.owner.inputs[0], op.lower)
+        return None if structured is None else _sum_log_diag(structured)
+    if (y := _transposed(x)) is not None:
+        return _structured_sum_log_diag(y)
+    if (factors := _kron_factors(x)) and all(_cholesky_factor(f) for f in factors):
+        sp, sq = (_sum_log_diag(f) for f in factors)
+        n, m = (f.shape[-1].astype(sp.dtype) for f in factors)
+        return m * sp + n * sq
+    if blocks := _blocks(x):
+        return pt.add(*(_sum_log_diag(blk) for blk in blocks))
+    return None
+
+
+def _sum_log_diag(x):
+    structured = _structured_sum_log_diag(x)
+    if structured is None:
+        return pt.log(pt.diagonal(x, axis1=-2, axis2=-1)).sum(axis=-1)
+    return structured
+
+
+def _kron(a, b):
+    """The Kronecker product of the last two axes of a and b, batched over the others
+    (``pt.linalg.kron`` of 3-d tensors is the 3-d Kronecker product, not a batch of them)."""
+    if a.ndim == 2 and b.ndim == 2:
+        return pt.linalg.kron(a, b)
+    a_core, b_core = pt.matrix(dtype=a.dtype), pt.matrix(dtype=b.dtype)
+    return vectorize_graph(pt.linalg.kron(a_core, b_core), {a_core: a, b_core: b})
+
+
+def _batch(x, core_ndim):
+    return [x.shape[i] for i in range(x.ndim - core_ndim)]
+
+
+def _like(old, new):
+    """`new` with `old`'s dtype and static shape, so that it can replace `old`."""
+    new = pt.as_tensor_variable(new)
+    if new.dtype != old.dtype:
+        new = new.astype(old.dtype)
+    if new.ndim != old.ndim:
+        new = pt.broadcast_to(new, old.shape)
+    if not old.type.is_super(new.type):
+        new = pt.specify_shape(new, old.type.shape)
+    return new
+
+
+# --- node rewriters ---------------------------------------------------------------------------
+
+
+@node_rewriter([Cholesky, Blockwise])
+def structured_cholesky(fgraph, node):
+    """cholesky(A ⊗ B) = cholesky(A) ⊗ cholesky(B); cholesky(block_diag(Aᵢ)) =
+    block_diag(cholesky(Aᵢ))."""
+    op = _core_op(node.op)
+    if not isinstance(op, Cholesky):
+        return None
+    new = _structured_cholesky(node.inputs[0], op.lower)
+    return None if new is None else [_like(node.outputs[0], new)]
+
+
+@node_rewriter([SolveTriangular, Solve, CholeskySolve, Blockwise])
+def structured_solve(fgraph, node):
+    """solve(A ⊗ B, b) by the vec trick; solve(block_diag(Aᵢ), b) block by block."""
+    op = _core_op(node.op)
+    if not isinstance(op, SolveTriangular | Solve | CholeskySolve):
+        return None
+    a, rhs = node.inputs
+    b_ndim = op.b_ndim
+    if isinstance(op, SolveTriangular):
+        factor_solve = lambda f, r: pt.linalg.solve_triangular(  # noqa: E731
+            f, r, lower=op.lower, unit_diagonal=op.unit_diagonal, b_ndim=2
+        )
+    elif isinstance(op, CholeskySolve):
+        factor_solve = lambda f, r: pt.linalg.cho_solve((f, op.lower), r, b_ndim=2)  # noqa: E731
+    else:
+        factor_solve = lambda f, r: pt.linalg.solve(  # noqa: E731
+            f, r, assume_a=op.assume_a, lower=op.lower, b_ndim=2
+        )
+
+    if factors := _kron_factors(a):
+        if isinstance(op, SolveTriangular | CholeskySolve):
+            # tril(A ⊗ B) is the product of the factors' triangles only when they are triangular;
+            # a unit diagonal of A ⊗ B does not make the factors' diagonals one.
+            if getattr(op, "unit_diagonal", False):
+                return None
+            if not all(_is_triangular(f, op.lower) for f in factors):
+                return None
+        else:
+            # A ⊗ B symmetric (positive definite) does not make A and B so (take −A ⊗ −B);
+            # the factors are small, a general LU costs little.
+            factor_solve = lambda f, r: pt.linalg.solve(f, r, assume_a="gen", b_ndim=2)  # noqa: E731
+        new = _kron_solve(*factors, rhs, b_ndim, factor_solve)
+    elif blocks := _blocks(a):
+        # Diagonal blocks of a triangular / symmetric / positive definite matrix are so too.
+        new = _block_solve(blocks, rhs, b_ndim, factor_solve)
+    else:
+        return None
+    return [_like(node.outputs[0], new)]
+
+
+@node_rewriter([SLogDet, Blockwise])
+def structured_slogdet(fgraph, node):
+    """slogdet(A ⊗ B) = (sign(A)ᵐ sign(B)ⁿ, m log|A| + n log|B|); slogdet(block_diag(Aᵢ)) =
+    (Π sign(Aᵢ), Σ log|Aᵢ|)."""
+    if not isinstance(_core_op(node.op), SLogDet):
+        return None
+    new = _structured_slogdet(node.inputs[0])
+    if new is None:
+        return None
+    return [_like(old, v) for old, v in zip(node.outputs, new, strict=True)]
+
+
+def _det_input(var):
+    """x if var = det(x), else None."""
+    if var.owner is not None and isinstance(_core_op(var.owner.op), Det):
+        return var.owner.inputs[0]
+    return None
+
+
+def _scalar_op(node):
+    return node.op.scalar_op if isinstance(node.op, Elemwise) else None
+
+
+@node_rewriter([Elemwise])
+def structured_log_det(fgraph, node):
+    """log(det(x)), log(abs(det(x))) and sign(det(x)) of a Kronecker or block-diagonal x
+    through the factors' log-determinants."""
+    scalar_op = _scalar_op(node)
+    if isinstance(scalar_op, Log):
+        [inner] = node.inputs
+        if inner.owner is not None and isinstance(_scalar_op(inner.owner), Abs):
+            x, want = _det_input(inner.owner.inputs[0]), "log_abs"
+        else:
+            x, want = _det_input(inner), "log"
+    elif isinstance(scalar_op, Sign):
+        x, want = _det_input(node.inputs[0]), "sign"
+    else:
+        return None
+    if x is None or (pair := _structured_slogdet(x)) is None:
+        return None
+    sign, logabs = pair
+    # log det of a matrix with negative determinant is NaN, as for the dense log(det(x)).
+    new = {"sign": sign, "log_abs": logabs, "log": pt.where(pt.eq(sign, -1), np.nan, logabs)}
+    return [_like(node.outputs[0], new[want])]
+
+
+@node_rewriter([Sum])
+def structured_sum_log_diag(fgraph, node):
+    """Σ log diag(L) over the last axis of a Kronecker / block-diagonal Cholesky factor L
+    (the log-determinant as PyMC's MvNormal writes it) through the factors."""
+    [logs] = node.inputs
+    if logs.owner is None or not isinstance(_scalar_op(logs.owner), Log):
+        return None
+    [diag] = logs.owner.inputs
+    if diag.owner is None or not isinstance(diag.owner.op, ExtractDiag):
+        return None
+    op = diag.owner.op
+    [x] = diag.owner.inputs
+    if op.offset != 0 or {op.axis1, op.axis2} != {x.ndim - 2, x.ndim - 1}:
+        return None
+    axes = tuple(range(diag.ndim)) if node.op.axis is None else tuple(node.op.axis)
+    if diag.ndim - 1 not in axes:
+        return None
+    new = _structured_sum_log_diag(x)
+    if new is None:
+        return None
+    if other := tuple(a for a in axes if a != diag.ndim - 1):
+        new = pt.broadcast_to(new, x.shape[:-2]).sum(axis=other)
+    return [_like(node.outputs[0], new)]
+
+
+@node_rewriter([DimShuffle])
+def structured_transpose(fgraph, node):
+    """(A ⊗ B)ᵀ = Aᵀ ⊗ Bᵀ; block_diag(Aᵢ)ᵀ = block_diag(Aᵢᵀ)."""
+    y = _transposed(node.outputs[0])
+    if y is None:
+        return None
+    if factors := _kron_factors(y):
+        return [_like(node.outputs[0], _kron(*(f.mT for f in factors)))]
+    if blocks := _blocks(y):
+        return [_like(node.outputs[0], block_diag(*(blk.mT for blk in blocks)))]
+    return None
+
+
+@node_rewriter([Blockwise])
+def batched_slogdet(fgraph, node):
+    """log|det|, log det and sign(det) of a batch of matrices with one batched SLogDet.
+
+    PyTensor 2.38's ``slogdet_specialization`` builds ``SLogDet`` (core, 2-D only) for any
+    ``det`` and fails on a batch; this runs first (stabilize) and leaves ``det`` to its other
+    clients (e.g. a gradient)."""
+    if not (isinstance(node.op.core_op, Det) and node.inputs[0].ndim > 2):
+        return None
+    [det_out] = node.outputs
+    sign = logabs = None
+    replacements = {}
+    for client, _ in fgraph.clients[det_out]:
+        if not isinstance(client.op, Elemwise):
+            continue
+        scalar_op = client.op.scalar_op
+        if sign is None and isinstance(scalar_op, Log | Abs | Sign):
+            sign, logabs = Blockwise(SLogDet())(node.inputs[0])
+        if isinstance(scalar_op, Sign):
+            replacements[client.outputs[0]] = sign
+        elif isinstance(scalar_op, Log):
+            replacements[client.outputs[0]] = pt.where(pt.eq(sign, -1), np.nan, logabs)
+        elif isinstance(scalar_op, Abs):
+            for client2, _ in fgraph.clients[client.outputs[0]]:
+                if isinstance(client2.op, Elemwise) and isinstance(client2.op.scalar_op, Log):
+                    replacements[client2.outputs[0]] = logabs
+    return {old: _like(old, new) for old, new in replacements.items()} or None
+
+
+_REWRITERS = (
+    structured_cholesky,
+    structured_solve,
+    structured_slogdet,
+    structured_log_det,
+    structured_sum_log_diag,
+    structured_transpose,
+)
+
+
+def _equilibrium():
+    return EquilibriumGraphRewriter(_REWRITERS, max_use_ratio=config.optdb__max_use_ratio)
+
+
+def _register():
+    # Before canonicalize: log(det(A ⊗ B)) must be taken before PyTensor turns det(A ⊗ B) into
+    # det(A)^m det(B)^n, and Σ log diag(cholesky(A ⊗ B)) before diag(A ⊗ B) becomes an outer.
+    optdb.register(f"{TAG}_early", _equilibrium(), "fast_run", TAG, position=0.95)
+    for phase in ("canonicalize", "stabilize", "specialize"):
+        for rewriter in _REWRITERS:
+            optdb[phase].register(f"{TAG}_{rewriter.__name__}", rewriter, "fast_run", TAG)
+    # A fix of PyTensor, needed by the rewrites (batched factors) but not one of them.
+    optdb["stabilize"].register("pmo_batched_slogdet", batched_slogdet, "fast_run")
+    # model.logp(): every PyMC log density is factored before anyone differentiates it.
+    from pymc.logprob.rewriting import logprob_rewrites_db
+
+    logprob_rewrites_db.register(f"{TAG}_logp", _equilibrium(), "cleanup", TAG, position=6)
+
+
+_register()
