@@ -9,6 +9,7 @@ from pymc_optim import (
 )
 from pymc_optim._solver_op import SolverInfo, solution_info
 from pymc_optim._warnings import PymcOptimWarning
+from pymc_optim.agents import Equilibrium, Optimum
 from pymc_optim.constrained import LagrangeMultipliers, lagrange_multipliers
 from pymc_optim.fixed_point import fixed_point
 from pymc_optim.laplace import marginalize_laplace, recover_latent
@@ -18,7 +19,9 @@ from pymc_optim.root import root
 from pymc_optim.root_scalar import root_scalar
 
 __all__ = [
+    "Equilibrium",
     "LagrangeMultipliers",
+    "Optimum",
     "PymcOptimWarning",
     "SolverInfo",
     "fixed_point",

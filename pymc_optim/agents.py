@@ -1,0 +1,199 @@
+"""Model plumbing for agents' problems: an optimal choice or an equilibrium as a model variable.
+
+Inside a ``pm.Model``, :func:`Optimum` and :func:`Equilibrium` solve a problem whose parameters
+are model variables, register the solution as a Deterministic (with dims), apply a failure
+policy, and register the solver's diagnostics next to it. They read like ``pm.Deterministic``:
+
+>>> import numpy as np, pymc as pm, pytensor.tensor as pt
+>>> import pymc_optim as pmo
+>>> with pm.Model(coords={"asset": ["a", "b"]}) as model:
+...     gamma = pm.LogNormal("gamma", 1.0, 0.5)
+...     w = pt.vector("w", shape=(2,))
+...     objective = -(w @ np.array([0.05, 0.03])) + 0.5 * gamma * (w**2 * 0.04).sum()
+...     budget = {"type": "eq", "fun": w.sum() - 1.0}
+...     w_star = pmo.Optimum("w_star", objective, w, x0=[0.5, 0.5], constraints=budget,
+...                          dims="asset")
+>>> sorted(model.named_vars)
+['gamma', 'w_star', 'w_star_failed', 'w_star_n_iterations', 'w_star_success']
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+import pytensor.tensor as pt
+from pytensor.gradient import DisconnectedType
+from pytensor.graph.basic import Apply
+from pytensor.graph.op import Op
+from pytensor.raise_op import Assert
+from pytensor.tensor.variable import TensorVariable
+
+from pymc_optim._solver_op import solution_info
+from pymc_optim._warnings import PymcOptimWarning
+from pymc_optim.minimize import minimize
+from pymc_optim.root import root
+
+__all__ = ["ON_FAILURE", "Equilibrium", "Optimum"]
+
+ON_FAILURE = ("reject", "raise", "warn")
+
+
+def Optimum(  # noqa: N802  (named like pm.Deterministic, which it extends)
+    name: str,
+    objective: TensorVariable,
+    x: TensorVariable,
+    *,
+    dims: str | Sequence[str] | None = None,
+    on_failure: str = "reject",
+    diagnostics: bool = True,
+    **minimize_kwargs,
+) -> TensorVariable:
+    """An agent's optimal choice x* = argminₓ `objective` as a named Deterministic of the model.
+
+    Parameters
+    ----------
+    name : str
+        Name of the Deterministic holding x*.
+    objective : TensorVariable
+        Scalar expression of `x` and of model variables (the parameters), as for
+        :func:`minimize`. Maximize u by minimizing −u.
+    x : TensorVariable
+        The choice: one root variable of the objective's graph.
+    dims : str or sequence of str, optional
+        Dims of x* (as for ``pm.Deterministic``).
+    on_failure : {"reject", "raise", "warn"}, default "reject"
+        What a failed solve (``success`` False) does. "reject": the model's log density is −inf
+        there (a ``pm.Potential`` named ``{name}_failed``), so samplers reject the point and
+        an unconverged answer never enters the likelihood (the returned variable is 0 there).
+        "raise": evaluating the model raises an ``AssertionError`` naming `name`. "warn": emits
+        a :class:`PymcOptimWarning` at each failed evaluation and passes the unconverged x on.
+    diagnostics : bool, default True
+        Also register ``{name}_success`` and ``{name}_n_iterations`` as Deterministics, so that
+        the trace records them (``pmo.solution_info`` gives more on the raw solution).
+    **minimize_kwargs
+        Passed to :func:`minimize`: ``x0``, ``method``, ``bounds``, ``constraints``,
+        ``optimizer_kwargs``, ...
+
+    Returns
+    -------
+    x_star : TensorVariable
+        The registered Deterministic (differentiable by the implicit rule; with bounds or
+        constraints, through the KKT conditions).
+    """
+    _check_single(x, "Optimum")
+    _check_policy(on_failure)
+    x_star, success = minimize(objective, x, **minimize_kwargs)
+    return _register(name, x_star, success, dims, on_failure, diagnostics)
+
+
+def Equilibrium(  # noqa: N802  (named like pm.Deterministic, which it extends)
+    name: str,
+    equations: TensorVariable | Sequence[TensorVariable],
+    x: TensorVariable,
+    *,
+    dims: str | Sequence[str] | None = None,
+    on_failure: str = "reject",
+    diagnostics: bool = True,
+    **root_kwargs,
+) -> TensorVariable:
+    """An equilibrium x* solving ``equations(x, θ) = 0`` as a named Deterministic of the model.
+
+    Parameters are those of :func:`Optimum`, with `equations` (expressions of `x` and of model
+    variables, as for :func:`root`) in place of the objective and ``**root_kwargs`` passed to
+    :func:`root` (``x0``, ``method``, ``jac``, ``optimizer_kwargs``, ...).
+
+    Returns
+    -------
+    x_star : TensorVariable
+        The registered Deterministic.
+
+    Examples
+    --------
+    A market clearing price p*: demand a/p equals supply p.
+
+    >>> import pymc as pm, pytensor.tensor as pt
+    >>> import pymc_optim as pmo
+    >>> with pm.Model() as model:
+    ...     a = pm.LogNormal("a", 0.0, 0.3)
+    ...     p = pt.scalar("p")
+    ...     price = pmo.Equilibrium("price", a / p - p, p, x0=1.0)
+    >>> round(float(price.eval({a: 4.0})), 10)
+    2.0
+    """
+    _check_single(x, "Equilibrium")
+    _check_policy(on_failure)
+    x_star, success = root(equations, x, **root_kwargs)
+    return _register(name, x_star, success, dims, on_failure, diagnostics)
+
+
+def _check_single(x, helper: str) -> None:
+    if isinstance(x, list | tuple):
+        raise TypeError(
+            f"`x` of `{helper}` must be one variable, registered under one name; got a list of "
+            f"{len(x)}. Call `{helper}` once per variable, or concatenate them."
+        )
+
+
+def _check_policy(on_failure: str) -> None:
+    if on_failure not in ON_FAILURE:
+        raise ValueError(
+            f"`on_failure` must be one of {', '.join(map(repr, ON_FAILURE))}; got {on_failure!r}."
+        )
+
+
+def _register(name, x_star, success, dims, on_failure, diagnostics):
+    import pymc as pm
+
+    info = solution_info(x_star)
+    if on_failure == "reject":
+        pm.Potential(f"{name}_failed", pt.switch(success, 0.0, -np.inf))
+        # NaN (a solve that raised) must not reach the likelihood: logp would be NaN, not −inf.
+        x_used = pt.switch(success, x_star, pt.zeros_like(x_star))
+    elif on_failure == "raise":
+        x_used = Assert(
+            f"The solve for `{name}` failed (success=False); on_failure='raise'. Use "
+            "on_failure='reject' to let the sampler reject such parameter values instead."
+        )(x_star, success)
+    else:
+        x_used = _WarnOnFailure(name)(x_star, success)
+    x_det = pm.Deterministic(name, x_used, dims=dims)
+    if diagnostics:
+        pm.Deterministic(f"{name}_success", info.success)
+        pm.Deterministic(f"{name}_n_iterations", info.n_iterations)
+    return x_det
+
+
+class _WarnOnFailure(Op):
+    """Pass x through; warn (PymcOptimWarning) when the solve's success flag is False."""
+
+    __props__ = ("name",)
+    view_map = {0: [0]}
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def make_node(self, x, success):
+        x, success = pt.as_tensor_variable(x), pt.as_tensor_variable(success)
+        return Apply(self, [x, success], [x.type()])
+
+    def perform(self, node, inputs, output_storage):
+        x, success = inputs
+        if not success:
+            warnings.warn(
+                f"The solve for `{self.name}` failed (success=False); its unconverged value is "
+                "used (on_failure='warn').",
+                PymcOptimWarning,
+                stacklevel=2,
+            )
+        output_storage[0][0] = x
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        return [input_shapes[0]]
+
+    def connection_pattern(self, node):
+        return [[True], [False]]
+
+    def L_op(self, inputs, outputs, output_grads):
+        return [output_grads[0], DisconnectedType()()]

@@ -1,0 +1,138 @@
+"""`Optimum` and `Equilibrium`: registration in a pm.Model, failure policies, diagnostics, NUTS."""
+
+from __future__ import annotations
+
+import numpy as np
+import pymc as pm
+import pytensor.tensor as pt
+import pytest
+from numpy.testing import assert_allclose
+
+import pymc_optim as pmo
+
+MU = np.array([0.08, 0.05, 0.03])
+SIGMA = np.array([[0.04, 0.01, 0.0], [0.01, 0.03, 0.005], [0.0, 0.005, 0.02]])
+
+
+def budget_portfolio(gamma):
+    """Closed form of argmax wᵀμ − γ/2 wᵀΣw s.t. Σw = 1: Σ⁻¹(μ − η1)/γ with η from the budget."""
+    Si_1 = np.linalg.solve(SIGMA, np.ones(3))
+    Si_mu = np.linalg.solve(SIGMA, MU)
+    eta = (Si_mu.sum() - gamma) / Si_1.sum()
+    return (Si_mu - eta * Si_1) / gamma
+
+
+def portfolio_model(observed=None, **kwargs):
+    coords = {"asset": ["a", "b", "c"]}
+    if observed is not None:
+        coords["obs"] = range(len(observed))
+    with pm.Model(coords=coords) as model:
+        gamma = pm.LogNormal("gamma", np.log(3.0), 0.5)
+        w = pt.vector("w", shape=(3,))
+        objective = -(w @ MU) + 0.5 * gamma * (w @ pt.as_tensor(SIGMA) @ w)
+        w_star = pmo.Optimum(
+            "w_star",
+            objective,
+            w,
+            x0=np.full(3, 1 / 3),
+            constraints={"type": "eq", "fun": w.sum() - 1.0},
+            dims="asset",
+            **kwargs,
+        )
+        if observed is not None:
+            pm.Normal("holdings", mu=w_star, sigma=0.02, observed=observed, dims=("obs", "asset"))
+    return model
+
+
+def test_optimum_registers_the_solution_with_dims_and_diagnostics():
+    model = portfolio_model()
+    assert model.named_vars_to_dims["w_star"] == ("asset",)
+    assert {"w_star", "w_star_success", "w_star_n_iterations", "w_star_failed"} <= set(
+        model.named_vars
+    )
+    w_star = model["w_star"]
+    assert_allclose(w_star.eval({model["gamma"]: 4.0}), budget_portfolio(4.0), atol=1e-10)
+    assert model["w_star_success"].eval({model["gamma"]: 4.0})
+
+
+def test_model_gradient_goes_through_the_kkt_rule():
+    rng = np.random.default_rng(1)
+    observed = budget_portfolio(3.0) + rng.normal(0, 0.02, size=(20, 3))
+    model = portfolio_model(observed)
+    logp, dlogp = model.compile_logp(), model.compile_dlogp()
+    point = {"gamma_log__": np.log(2.5)}
+    h = 1e-5
+    fd = (logp({"gamma_log__": np.log(2.5) + h}) - logp({"gamma_log__": np.log(2.5) - h})) / (2 * h)
+    assert_allclose(dlogp(point), [fd], rtol=1e-6)
+
+
+def _no_root_model(on_failure):
+    # x² + a = 0 has a root only for a ≤ 0
+    with pm.Model() as model:
+        a = pm.Normal("a", 0.0, 1.0)
+        x = pt.scalar("x")
+        x_star = pmo.Equilibrium("x_star", x**2 + a, x, x0=1.0, on_failure=on_failure)
+        pm.Normal("y", mu=x_star, sigma=1.0, observed=1.5)
+    return model
+
+
+def test_reject_gives_minus_infinity_where_the_solve_failed():
+    model = _no_root_model("reject")
+    logp = model.compile_logp()
+    assert np.isfinite(logp({"a": -4.0}))
+    assert logp({"a": 1.0}) == -np.inf
+    # and the point's density is that of the model without the potential where it succeeded
+    x_star = 2.0  # root of x² − 4 from x0 = 1
+    expected = (
+        pm.logp(pm.Normal.dist(0, 1), -4.0).eval() + pm.logp(pm.Normal.dist(x_star, 1), 1.5).eval()
+    )
+    assert_allclose(logp({"a": -4.0}), expected, rtol=1e-10)
+
+
+def test_raise_names_the_variable():
+    logp = _no_root_model("raise").compile_logp()
+    assert np.isfinite(logp({"a": -4.0}))
+    with pytest.raises(AssertionError, match="The solve for `x_star` failed"):
+        logp({"a": 1.0})
+
+
+def test_warn_passes_the_value_on_and_warns():
+    logp = _no_root_model("warn").compile_logp()
+    assert np.isfinite(logp({"a": -4.0}))
+    with pytest.warns(pmo.PymcOptimWarning, match="The solve for `x_star` failed"):
+        logp({"a": 1.0})
+
+
+def test_errors():
+    with pm.Model():
+        x, y = pt.scalar("x"), pt.scalar("y")
+        with pytest.raises(ValueError, match="`on_failure` must be one of"):
+            pmo.Optimum("x_star", x**2, x, on_failure="ignore")
+        with pytest.raises(TypeError, match="`x` of `Equilibrium` must be one variable"):
+            pmo.Equilibrium("xy", [x - 1, y - 2], [x, y])
+
+
+@pytest.mark.slow
+def test_nuts_through_optimum_matches_the_closed_form_model():
+    # The same posterior written with the closed-form portfolio: the two NUTS runs agree within
+    # Monte Carlo error (posterior sd of γ ≈ 0.1 here; 2 × 500 draws give an MCSE ≈ 0.005).
+    rng = np.random.default_rng(7)
+    observed = budget_portfolio(3.0) + rng.normal(0, 0.02, size=(30, 3))
+    coords = {"obs": range(30)}
+    model = portfolio_model(observed)
+    with model:
+        idata = pm.sample(500, tune=500, chains=2, cores=2, random_seed=3, progressbar=False)
+    with pm.Model(coords={"asset": ["a", "b", "c"], **coords}):
+        gamma = pm.LogNormal("gamma", np.log(3.0), 0.5)
+        Si_1 = pt.as_tensor(np.linalg.solve(SIGMA, np.ones(3)))
+        Si_mu = pt.as_tensor(np.linalg.solve(SIGMA, MU))
+        eta = (Si_mu.sum() - gamma) / Si_1.sum()
+        w_closed = (Si_mu - eta * Si_1) / gamma
+        pm.Normal("holdings", mu=w_closed, sigma=0.02, observed=observed, dims=("obs", "asset"))
+        reference = pm.sample(2000, tune=500, chains=2, cores=2, random_seed=3, progressbar=False)
+    got = idata.posterior["gamma"]
+    ref = reference.posterior["gamma"]
+    assert int(idata.sample_stats["diverging"].sum()) == 0
+    assert bool(idata.posterior["w_star_success"].all())
+    assert abs(float(got.mean()) - float(ref.mean())) < 4 * 0.006
+    assert abs(float(got.std()) - float(ref.std())) < 0.2 * float(ref.std())
