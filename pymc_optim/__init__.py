@@ -8,6 +8,7 @@ from pymc_optim import (
     _vectorize,  # noqa: F401  (registers native batching)
 )
 from pymc_optim._solver_op import SolverInfo, solution_info
+from pymc_optim._trace import SolveTrace, solver_trace
 from pymc_optim._warnings import PymcOptimWarning
 from pymc_optim.agents import Equilibrium, Optimum
 from pymc_optim.constrained import LagrangeMultipliers, lagrange_multipliers
@@ -23,6 +24,7 @@ __all__ = [
     "LagrangeMultipliers",
     "Optimum",
     "PymcOptimWarning",
+    "SolveTrace",
     "SolverInfo",
     "fixed_point",
     "lagrange_multipliers",
@@ -33,6 +35,7 @@ __all__ = [
     "root",
     "root_scalar",
     "solution_info",
+    "solver_trace",
 ]
 
 __version__ = "0.1.0"

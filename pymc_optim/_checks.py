@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from pymc_optim._trace import trace_limit
+
 __all__ = ["check_method", "check_optimizer_kwargs"]
 
 
@@ -36,4 +38,5 @@ def check_optimizer_kwargs(
     for key, fix in reserved.items():
         if key in optimizer_kwargs:
             raise ValueError(f"`optimizer_kwargs` must not contain {key!r}: {fix}")
+    trace_limit(optimizer_kwargs)  # validates pymc_optim's own "trace" key (see _trace)
     return dict(optimizer_kwargs)

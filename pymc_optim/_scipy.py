@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from pymc_optim._trace import note, without_trace
+
 __all__ = [
     "Packer",
     "minimize",
@@ -89,10 +91,17 @@ def minimize(
         )
     try:
         res = scipy_minimize(
-            fun, packer.pack(x0s), method=method, jac=True if use_jac else None, **extra, **options
+            fun,
+            packer.pack(x0s),
+            method=method,
+            jac=True if use_jac else None,
+            **extra,
+            **without_trace(options),
         )
-    except _SOLVER_ERRORS:
+    except _SOLVER_ERRORS as err:
+        note(f"{type(err).__name__}: {err}")
         return packer.failed(), False, -1, -1
+    note(res.message)
     success = bool(res.success) and bool(np.all(np.isfinite(res.x)))
     return packer.unpack(res.x), success, getattr(res, "nit", -1), getattr(res, "nfev", -1)
 
@@ -138,10 +147,12 @@ def minimize_constrained(problem, x0: np.ndarray, *, method: str, options: dict)
                 method=method,
                 jac=True,
                 **extra,
-                **options,
+                **without_trace(options),
             )
-    except _SOLVER_ERRORS:
+    except _SOLVER_ERRORS as err:
+        note(f"{type(err).__name__}: {err}")
         return np.full(np.size(x0), np.nan), False, -1, -1
+    note(res.message)
     success = bool(res.success) and bool(np.all(np.isfinite(res.x)))
     return res.x, success, getattr(res, "nit", -1), getattr(res, "nfev", -1)
 
@@ -169,10 +180,16 @@ def root(
             # quasi-Newton methods warn when a step is rejected; that ends in success=False.
             warnings.simplefilter("ignore", RuntimeWarning)
             res = scipy_root(
-                fun, packer.pack(x0s), method=method, jac=True if use_jac else None, **options
+                fun,
+                packer.pack(x0s),
+                method=method,
+                jac=True if use_jac else None,
+                **without_trace(options),
             )
-    except _SOLVER_ERRORS:
+    except _SOLVER_ERRORS as err:
+        note(f"{type(err).__name__}: {err}")
         return packer.failed(), False, -1, -1
+    note(res.message)
     success = bool(res.success) and bool(np.all(np.isfinite(res.x)))
     return packer.unpack(res.x), success, getattr(res, "nit", -1), getattr(res, "nfev", -1)
 
@@ -196,9 +213,13 @@ def minimize_scalar(
         return float(value(np.asarray(z, dtype=dtype), *params)[0])
 
     try:
-        res = scipy_minimize_scalar(fun, bracket=bracket, bounds=bounds, method=method, **options)
-    except _SOLVER_ERRORS:
+        res = scipy_minimize_scalar(
+            fun, bracket=bracket, bounds=bounds, method=method, **without_trace(options)
+        )
+    except _SOLVER_ERRORS as err:
+        note(f"{type(err).__name__}: {err}")
         return [np.asarray(np.nan, dtype=dtype)], False, -1, -1
+    note(res.message)
     success = bool(res.success) and bool(np.isfinite(res.x))
     return [np.asarray(res.x, dtype=dtype)], success, res.get("nit", -1), res.get("nfev", -1)
 
@@ -236,9 +257,11 @@ def root_scalar(
                 bracket=bracket,
                 **start,
                 **derivatives,
-                **options,
+                **without_trace(options),
             )
-    except _SOLVER_ERRORS:
+    except _SOLVER_ERRORS as err:
+        note(f"{type(err).__name__}: {err}")
         return [np.asarray(np.nan, dtype=dtype)], False, -1, -1
+    note(res.flag)
     success = bool(res.converged) and bool(np.isfinite(res.root))
     return [np.asarray(res.root, dtype=dtype)], success, res.iterations, res.function_calls

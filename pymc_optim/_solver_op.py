@@ -15,6 +15,7 @@ from pytensor.graph.op import Op
 from pytensor.graph.replace import vectorize_graph
 from pytensor.tensor.variable import TensorVariable
 
+from pymc_optim import _trace
 from pymc_optim._implicit import OptimalityCondition, implicit_pullback
 from pymc_optim._inner_graph import InnerProblem
 
@@ -193,19 +194,31 @@ class SolverOp(Op):
             self._compiled[threading.get_ident()] = compiled
         return compiled
 
+    @property
+    def trace_limit(self) -> int:
+        """How many solves to record (0: none), from ``optimizer_kwargs["trace"]``."""
+        return _trace.trace_limit(getattr(self, "options", None))
+
     def perform(self, node, inputs, output_storage):
         x0s = inputs[: self.n_controls]
         params = inputs[self.n_controls : self.n_controls + self.n_params]
         extras = inputs[self.n_controls + self.n_params :]
+        fns = self._compiled_functions()
+        recorder = _trace.Recorder(fns, self.n_controls) if self.trace_limit else None
         try:
             x_stars, success, n_iterations, n_evaluations = self.solve(
-                self._compiled_functions(), list(x0s), list(params), list(extras)
+                fns if recorder is None else recorder.fns, list(x0s), list(params), list(extras)
             )
-        except _INVALID_PARAMETERS:
+        except _INVALID_PARAMETERS as err:
             # e.g. PyMC's parameter checks (sigma > 0) raising inside the objective: the
             # problem has no solution at these parameters, which is data, not a crash.
             x_stars = [np.full(np.shape(x0), np.nan) for x0 in x0s]
             success, n_iterations, n_evaluations = False, -1, -1
+            _trace.note(f"{type(err).__name__}: {err}")
+        if recorder is not None:
+            solve = recorder.finish(params, x0s, x_stars, success, n_iterations, n_evaluations)
+            traces = self.__dict__.setdefault("_traces", _trace.new_trace_store(self.trace_limit))
+            traces.append(solve)
         for storage, x, inner in zip(output_storage, x_stars, self.problem.inner_xs, strict=False):
             storage[0] = np.asarray(x, dtype=inner.type.dtype).reshape(np.shape(x))
         output_storage[self.n_controls][0] = np.asarray(bool(success))
@@ -243,6 +256,7 @@ class SolverOp(Op):
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_compiled"] = {}  # compiled functions do not pickle; recompiled on first use
+        state.pop("_traces", None)  # traces belong to the process that ran the solves
         return state
 
     def __str__(self):
