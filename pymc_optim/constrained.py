@@ -564,8 +564,10 @@ class _NumericalProblem:
                     worst, change = score[i], ("ineq", (k, i))
         if self.lower is not None:
             nu = multipliers[-1]
+            fixed = self.lower == self.upper
             scores = {
-                "lower": np.where(at_lower, -nu / dual_tol, _excess(self.lower, x)),
+                # a fixed variable (lower == upper) takes a multiplier of either sign
+                "lower": np.where(at_lower & ~fixed, -nu / dual_tol, _excess(self.lower, x)),
                 "upper": np.where(at_upper, nu / dual_tol, _excess(x, self.upper)),
             }
             for kind, score in scores.items():
@@ -601,8 +603,13 @@ class _NumericalProblem:
             nu[inactive] = 0.0
             near = _near(x, self.lower, _DEGENERATE_TOL) | _near(x, self.upper, _DEGENERATE_TOL)
             degenerate |= bool(np.any(inactive & near))
-            degenerate |= bool(np.any(at_lower & (nu <= dual_tol)))
+            fixed = self.lower == self.upper
+            degenerate |= bool(np.any(at_lower & ~fixed & (nu <= dual_tol)))
             degenerate |= bool(np.any(at_upper & (nu >= -dual_tol)))
+            degenerate |= bool(np.any(fixed & (np.abs(nu) <= dual_tol)))
+            # a fixed variable pushed upwards is read back as "on the upper bound" (the same value)
+            at_upper = at_upper | (at_lower & fixed & (nu < 0))
+            at_lower = at_lower & ~at_upper
             nu[at_lower] = np.maximum(nu[at_lower], np.finfo(float).tiny)
             nu[at_upper] = np.minimum(nu[at_upper], -np.finfo(float).tiny)
             out.append(nu)

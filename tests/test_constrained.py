@@ -448,3 +448,57 @@ def test_solution_info_reports_the_objective():
     info = pmo.solution_info(x_star)
     assert_allclose(info.value.eval(), 2.0, atol=VALUE_TOL)
     assert info.success.eval()
+
+
+def test_scalar_control_and_fixed_variable():
+    x = pt.scalar("x")
+    a = pt.scalar("a")
+    x_star, success = pmo.minimize((x - a) ** 2, x, x0=0.0, bounds=(0.0, 1.0))
+    fn = pytensor.function([a], [x_star, success, pt.grad(x_star, a)])
+    assert [float(v) for v in fn(2.0)] == [1.0, 1.0, 0.0]
+    assert_allclose(fn(0.3), [0.3, 1.0, 1.0], atol=VALUE_TOL)
+    # lower == upper: x₁ is fixed whichever way the objective pushes (a multiplier of either sign)
+    v = pt.vector("v", shape=(2,))
+    v_star, ok = pmo.minimize(((v - a) ** 2).sum(), v, x0=np.zeros(2), bounds=([0.5, 0.0], 0.5))
+    fv = pytensor.function([a], [v_star, ok, pt.grad(v_star.sum(), a)])
+    for a_val, expected, grad in ((2.0, [0.5, 0.5], 0.0), (-1.0, [0.5, 0.0], 0.0)):
+        got, ok_val, g = fv(a_val)
+        assert ok_val
+        assert_allclose(got, expected, atol=0)
+        assert g == grad
+    assert_allclose(fv(0.2)[2], 1.0, atol=VALUE_TOL)  # x₂ free, x₁ fixed
+
+
+def test_batched_solutions_and_gradients():
+    # vectorize_graph (PyMC's batching) wraps the Op in a Blockwise: one constrained solve per
+    # batch entry, each with its own active set.
+    from pytensor.graph.replace import vectorize_graph
+
+    x = pt.vector("x", shape=(3,))
+    b = pt.scalar("b")
+    x_star, _ = pmo.minimize(((x - b) ** 2).sum(), x, x0=np.zeros(3), bounds=(0.0, 1.0))
+    batch = pt.vector("batch", shape=(4,))
+    batched = vectorize_graph(x_star, {b: batch})
+    values = np.array([-1.0, 0.5, 2.0, 0.7])
+    assert_allclose(batched.eval({batch: values}), np.clip(values, 0, 1)[:, None] * np.ones(3))
+    g = pt.grad(batched.sum(), batch).eval({batch: values})
+    assert_allclose(g, [0.0, 3.0, 0.0, 3.0], atol=VALUE_TOL)
+
+
+def test_equality_newton_runs_under_jax():
+    pytest.importorskip("jax")
+    x = pt.vector("x", shape=(3,))
+    b = pt.vector("b", shape=(3,))
+    c = pt.scalar("c")
+    x_star, _ = pmo.minimize(
+        ((x - b) ** 2).sum(),
+        x,
+        x0=np.zeros(3),
+        constraints={"type": "eq", "fun": x.sum() - c},
+        method="newton",
+    )
+    fn = pytensor.function([b, c], [x_star, pt.grad((x_star * W[:3]).sum(), c)], mode="JAX")
+    b_val = np.array([1.0, 2.0, 3.0])
+    x_val, g = fn(b_val, 1.0)
+    assert_allclose(x_val, b_val - (b_val.sum() - 1.0) / 3, atol=1e-10)
+    assert_allclose(g, W[:3].mean(), atol=1e-10)  # dx/dc = 1/3 per coordinate
