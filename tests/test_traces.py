@@ -154,3 +154,20 @@ def test_trace_arguments_are_validated_when_the_graph_is_built():
         traced_minimize(trace=0)
     with pytest.raises(TypeError, match="must be a solution returned by a pymc_optim solver"):
         pmo.solver_trace(pt.dvector("y"))
+
+
+def test_graph_native_solves_report_iterations_and_final_residual():
+    # under numba/JAX the Newton loop is compiled, with no Python to log from: solution_info is
+    # its trace there (its outputs under numba are tested in test_numba)
+    x, a = pt.dvector("x", shape=(2,)), pt.dscalar("a")
+    equations = pt.stack([x[0] ** 3 + x[1] - a, x[1] - 2 * x[0]])
+    x_star, success = pmo.root(equations, x, x0=[1.0, 1.0], method="newton")
+    info = pmo.solution_info(x_star)
+    fn = pytensor.function([a], [x_star, success, info.value, info.n_iterations])
+    x_val, ok, residual, nit = fn(3.0)
+    z = x_val
+    assert ok and 1 <= nit <= 20
+    assert_allclose(residual, np.linalg.norm([z[0] ** 3 + z[1] - 3.0, z[1] - 2 * z[0]]), atol=1e-15)
+    assert residual < 1e-8
+    with pytest.raises(ValueError, match=r"takes only 'tol' and 'max_iter'; got \['trace'\]"):
+        pmo.root(equations, x, x0=[1.0, 1.0], method="newton", optimizer_kwargs={"trace": True})
