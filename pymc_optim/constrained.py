@@ -37,13 +37,15 @@ After scipy returns x̂ the Op identifies the active set and polishes the soluti
    at most `_MAX_ACTIVE_SET_CHANGES` times).
 
 Degenerate cases. A constraint at its bound with a multiplier within `_DEGENERATE_TOL` (√ε,
-relative) of zero — weakly active, no strict complementarity — is a kink of x*(θ): the
-derivative does not exist there (the one-sided derivatives differ). x* is still returned (it is
-the minimizer) but ``success`` is False, so that a model's failure policy sees it; the
-gradient is then the one-sided one that keeps the constraint active. Infeasible constraints,
-a singular KKT matrix (dependent active constraints) and a failed scipy solve also give
-``success=False``; x* is then scipy's last iterate (NaN where scipy raised) and the multipliers
-are 0.
+relative) of zero — weakly active, no strict complementarity — is in general a kink of x*(θ):
+the one-sided derivatives differ and the derivative does not exist. x* is still returned (it is
+the minimizer) but ``success`` is False, so that a model's failure policy sees it; the gradient
+is then one of the two one-sided derivatives (whichever side the active-set iteration ended on).
+For a generic parameter value this is a set of measure zero, but a problem whose unconstrained
+minimum lies on a bound for *every* θ (e.g. min x² with x ≤ 0) is degenerate everywhere: write
+such a bound out of the problem. Infeasible constraints, a singular KKT matrix (dependent active
+constraints) and a failed scipy solve also give ``success=False``; x* is then scipy's last
+iterate (NaN where scipy raised) and the multipliers are 0.
 """
 
 from __future__ import annotations

@@ -136,3 +136,26 @@ def test_nuts_through_optimum_matches_the_closed_form_model():
     assert bool(idata.posterior["w_star_success"].all())
     assert abs(float(got.mean()) - float(ref.mean())) < 4 * 0.006
     assert abs(float(got.std()) - float(ref.std())) < 0.2 * float(ref.std())
+
+
+def test_reject_an_infeasible_constrained_choice_and_keep_the_gradient_finite():
+    # x₀ ≥ c and x ≤ 0 are incompatible for c > 0: success is False, the density −inf, and the
+    # model's gradient still evaluates (samplers compute it together with the density).
+    with pm.Model() as model:
+        c = pm.Normal("c", 0.0, 1.0)
+        x = pt.vector("x", shape=(2,))
+        objective = ((x + 1.0) ** 2).sum()
+        x_star = pmo.Optimum(
+            "x_star",
+            objective,
+            x,
+            x0=np.zeros(2),
+            bounds=(None, 0.0),
+            constraints={"type": "ineq", "fun": x[0] - c},
+        )
+        pm.Normal("y", x_star.sum(), 1.0, observed=0.3)
+    logp, dlogp = model.compile_logp(), model.compile_dlogp()
+    assert np.isfinite(logp({"c": -0.5}))  # x* = (−0.5, −1): the constraint is active
+    assert_allclose(model["x_star"].eval({c: -0.5}), [-0.5, -1.0], atol=1e-10)
+    assert logp({"c": 0.5}) == -np.inf
+    assert np.all(np.isfinite(dlogp({"c": 0.5})))
