@@ -19,8 +19,9 @@ adds, for A (n × n), B (m × m), N = n·m and ⊗ = ``pt.linalg.kron`` (row-maj
 - log-determinants: ``slogdet``, ``log(det(·))``, ``log(abs(det(·)))`` and the Cholesky form
   Σ log diag(L) of a Kronecker product, log|A ⊗ B| = m log|A| + n log|B| (sign sign(A)ᵐ sign(B)ⁿ),
   and of a block-diagonal matrix, Σᵢ log|Aᵢ|;
-- ``(A ⊗ B)ᵀ = Aᵀ ⊗ Bᵀ`` and ``block_diag(Aᵢ)ᵀ = block_diag(Aᵢᵀ)`` (the gradient of a Cholesky
-  solves with Lᵀ), and a fix for batched ``log(det(·))``, which PyTensor 2.38 cannot compile.
+- ``(A ⊗ B)ᵀ = Aᵀ ⊗ Bᵀ``, ``block_diag(Aᵢ)ᵀ = block_diag(Aᵢᵀ)`` and the products
+  (A ⊗ B) M, M (A ⊗ B) by the same vec trick (the gradient of a Cholesky solves with and
+  multiplies by Lᵀ), and a fix for batched ``log(det(·))``, which PyTensor 2.38 cannot compile.
 
 Registration. The rewrites carry the tag ``"pmo_structured_linalg"`` (`TAG`). They run in every
 ``FAST_RUN`` compilation — an early pass before canonicalize (so that ``log(det(A ⊗ B))`` is
@@ -28,6 +29,11 @@ taken before PyTensor's ``det(A ⊗ B) = det(A)ᵐ det(B)ⁿ``, which over/under
 canonicalize, stabilize and specialize for patterns that appear later — which includes the inner
 graphs of the solver Ops (compiled with ``pytensor.function`` in the default mode).
 ``mode.excluding(TAG)`` turns them all off (the dense reference in tests and benchmarks).
+The solvers' graph splitting (``_inner_graph.build_inner_problem``) calls
+:func:`structure_linalg` first: it makes the x-independent sub-expressions parameters of the
+Op, and without it the parameter would be the dense Cholesky factor of A ⊗ B, computed outside
+and handed to every inner iteration as an (N, N) matrix; with it, the parameters are the
+factors' Cholesky factors and the inner solves go through them.
 
 Gradients. Compile-time rewrites act after ``pytensor.grad`` has already differentiated the dense
 graph: the Cholesky gradient of a Kronecker covariance then still builds an (N, N) cotangent (its
@@ -78,15 +84,16 @@ from pytensor.compile import optdb
 from pytensor.configdefaults import config
 from pytensor.graph.basic import Variable
 from pytensor.graph.fg import FunctionGraph
-from pytensor.graph.replace import vectorize_graph
+from pytensor.graph.replace import graph_replace, vectorize_graph
 from pytensor.graph.rewriting.basic import EquilibriumGraphRewriter, node_rewriter
 from pytensor.graph.traversal import apply_ancestors
 from pytensor.scalar.basic import Abs, Log, Sign
 from pytensor.tensor.basic import ExtractDiag
 from pytensor.tensor.blockwise import Blockwise
 from pytensor.tensor.elemwise import DimShuffle, Elemwise
-from pytensor.tensor.math import Sum
+from pytensor.tensor.math import Dot, Sum
 from pytensor.tensor.nlinalg import Det, KroneckerProduct, SLogDet
+from pytensor.tensor.random.op import RandomVariable
 from pytensor.tensor.shape import SpecifyShape
 from pytensor.tensor.slinalg import (
     BlockDiagonal,
@@ -132,9 +139,33 @@ def structure_linalg(outputs: Variable | Sequence[Variable]):
     outs = [outputs] if single else list(outputs)
     if not _has_structure(outs):
         return outputs if single else outs  # nothing to factor: the very same variables
-    fgraph = FunctionGraph(outputs=outs, clone=True, copy_inputs=False, copy_orphans=False)
+    # Random variables and PyMC's model-variable markers must stay the very same objects (a
+    # model graph holds one node per variable): they stand aside while the rest is cloned.
+    kept = _kept_as_is(outs)
+    stand_ins = [v.type() for v in kept]
+    cut = graph_replace(outs, dict(zip(kept, stand_ins, strict=True)), strict=False)
+    fgraph = FunctionGraph(outputs=cut, clone=True, copy_inputs=False, copy_orphans=False)
     _equilibrium().rewrite(fgraph)
-    return fgraph.outputs[0] if single else list(fgraph.outputs)
+    rewritten = list(fgraph.outputs)
+    if kept:
+        rewritten = graph_replace(rewritten, dict(zip(stand_ins, kept, strict=True)), strict=False)
+    return rewritten[0] if single else list(rewritten)
+
+
+def _kept_as_is(outputs) -> list[Variable]:
+    from pymc.model.fgraph import ModelVar
+
+    kept, seen, stack = [], set(), list(outputs)
+    while stack:  # the outermost such variables only (a ModelVar wraps its random variable)
+        v = stack.pop()
+        if v in seen or v.owner is None:
+            continue
+        seen.add(v)
+        if isinstance(v.owner.op, RandomVariable | ModelVar):
+            kept.append(v)
+        else:
+            stack.extend(v.owner.inputs)
+    return kept
 
 
 def _has_structure(outputs) -> bool:
@@ -294,7 +325,9 @@ def _cholesky(x, lower):
 
 
 def _kron_solve(a, b, rhs, b_ndim, solve_factor):
-    """Solve (a ⊗ b) x = rhs with two factor solves: X = a⁻¹ Y b⁻ᵀ on the (n, m) reshapes."""
+    """Solve (a ⊗ b) x = rhs with two factor solves: X = a⁻¹ Y b⁻ᵀ on the (n, m) reshapes.
+
+    With ``solve_factor = matmul`` the same steps give the product (a ⊗ b) rhs = vec(a Y bᵀ)."""
     n, m = a.shape[-1], b.shape[-1]
     y = rhs[..., None] if b_ndim == 1 else rhs
     c = y.shape[-1]
@@ -537,6 +570,23 @@ def structured_transpose(fgraph, node):
     return None
 
 
+@node_rewriter([Dot, Blockwise])
+def structured_matmul(fgraph, node):
+    """(A ⊗ B) M = vec(A X Bᵀ) column by column, and M (A ⊗ B) = ((Aᵀ ⊗ Bᵀ) Mᵀ)ᵀ: O(N(n + m))
+    per column instead of O(N²) (the gradient of a Cholesky multiplies by Lᵀ)."""
+    if not isinstance(_core_op(node.op), Dot) or any(i.ndim < 2 for i in node.inputs):
+        return None
+    left, right = node.inputs
+    times = lambda f, r: f @ r  # noqa: E731
+    if factors := _kron_factors(left):
+        new = _kron_solve(*factors, right, 2, times)
+    elif factors := _kron_factors(right):
+        new = _kron_solve(*(f.mT for f in factors), left.mT, 2, times).mT
+    else:
+        return None
+    return [_like(node.outputs[0], new)]
+
+
 @node_rewriter([Blockwise])
 def batched_slogdet(fgraph, node):
     """log|det|, log det and sign(det) of a batch of matrices with one batched SLogDet.
@@ -573,6 +623,7 @@ _REWRITERS = (
     structured_log_det,
     structured_sum_log_diag,
     structured_transpose,
+    structured_matmul,
 )
 
 
