@@ -69,6 +69,9 @@ def Optimum(  # noqa: N802  (named like pm.Deterministic, which it extends)
         an unconverged answer never enters the likelihood (the returned variable is 0 there).
         "raise": evaluating the model raises an ``AssertionError`` naming `name`. "warn": emits
         a :class:`PymcOptimWarning` at each failed evaluation and passes the unconverged x on.
+        With bounds or constraints, a degenerate active set (a constraint on its bound with a
+        zero multiplier, where x*(θ) has a kink; see :mod:`pymc_optim.constrained`) and
+        infeasible constraints count as failures too.
     diagnostics : bool, default True
         Also register ``{name}_success`` and ``{name}_n_iterations`` as Deterministics, so that
         the trace records them (``pmo.solution_info`` gives more on the raw solution).
