@@ -504,3 +504,27 @@ def test_equality_newton_runs_under_jax():
     x_val, g = fn(b_val, 1.0)
     assert_allclose(x_val, b_val - (b_val.sum() - 1.0) / 3, atol=1e-10)
     assert_allclose(g, W[:3].mean(), atol=1e-10)  # dx/dc = 1/3 per coordinate
+
+
+@pytest.mark.parametrize("method", ["SLSQP", "trust-constr"])
+def test_constraint_parameter_gets_its_gradient(method):
+    # Projection onto the ball of radius ρ (a parameter of the constraint): x* = ρ a/‖a‖ outside,
+    # so dx*/dρ = a/‖a‖; inside, x* = a does not depend on ρ.
+    x = pt.vector("x", shape=(3,))
+    a = pt.vector("a", shape=(3,))
+    rho = pt.scalar("rho")
+    x_star, _ = pmo.minimize(
+        ((x - a) ** 2).sum(),
+        x,
+        x0=np.zeros(3),
+        method=method,
+        constraints={"type": "ineq", "fun": rho**2 - (x**2).sum()},
+    )
+    fn = pytensor.function([a, rho], [x_star, pt.grad((x_star * W[:3]).sum(), rho)])
+    a_out = np.array([1.5, -0.5, 1.0])
+    x_val, g = fn(a_out, 0.8)
+    assert_allclose(x_val, 0.8 * a_out / np.linalg.norm(a_out), atol=VALUE_TOL)
+    assert_allclose(g, W[:3] @ a_out / np.linalg.norm(a_out), atol=VALUE_TOL)
+    fd = central_difference(lambda r: fn(a_out, r)[0] @ W[:3], 0.8)
+    assert_allclose(g, fd, atol=FD_TOL)
+    assert fn(a_out, 3.0)[1] == 0.0
