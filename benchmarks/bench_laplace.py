@@ -14,7 +14,9 @@ Poisson random intercepts, G groups with 5 counts each, simulated once per G wit
 
     mu ~ N(0, 2),  sigma ~ HalfNormal(1),  u_g ~ N(0, sigma),  y_gj ~ Poisson(exp(mu + u_g)).
 
-The hyperparameters are θ = (mu, sigma), the latent field is u.
+The hyperparameters are θ = (mu, sigma), the latent field is u. ``--design mixed`` replaces the
+5 counts per group by groups of 1, 5 and 50 counts (a third each): a posterior on which neither
+parametrization of the full model suits every group.
 
 Contenders (same data, same priors, same draws, tune and seed)
 ---------------------------------------------------------------
@@ -93,9 +95,14 @@ HAND_BUILT_POINTS = 10
 
 
 # --- the problem --------------------------------------------------------------------------------
-def simulate(G: int) -> tuple[np.ndarray, np.ndarray]:
+def simulate(G: int, design: str = "equal") -> tuple[np.ndarray, np.ndarray]:
+    """Counts and group index: `PER_GROUP` counts per group, or (``"mixed"``) a third of the
+    groups with 1 count, a third with 5 and a third with 50."""
     rng = np.random.default_rng(G)
-    group = np.repeat(np.arange(G), PER_GROUP)
+    sizes = np.full(G, PER_GROUP) if design == "equal" else np.arange(G) * 3 // G
+    if design == "mixed":
+        sizes = np.array([1, 5, 50])[sizes]
+    group = np.repeat(np.arange(G), sizes)
     u = rng.normal(0.0, SIGMA_TRUE, G)
     return rng.poisson(np.exp(MU_TRUE + u[group])), group
 
@@ -341,8 +348,8 @@ def _time_per_call(model: pm.Model, points: list[np.ndarray], repeats: int = 20)
 
 
 # --- contenders ---------------------------------------------------------------------------------
-def contenders(G: int, have_blackjax: bool):
-    y, group = simulate(G)
+def contenders(G: int, have_blackjax: bool, design: str):
+    y, group = simulate(G, design)
     out = {
         "(a) marginal, PyMC NUTS": lambda d, t: run_pymc(marginal_model(y, group, G), d, t),
         "(a) marginal, nutpie": lambda d, t: run_nutpie(marginal_model(y, group, G), d, t),
@@ -400,6 +407,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="100 draws, 100 tune: smoke run")
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
+    parser.add_argument(
+        "--design",
+        choices=["equal", "mixed"],
+        default="equal",
+        help="5 counts per group (the issue's problem) or groups of 1, 5 and 50 counts",
+    )
     parser.add_argument("--only", nargs="*", default=None, help="contenders whose label has this")
     args = parser.parse_args(argv)
     draws, tune = (100, 100) if args.quick else (DRAWS, TUNE)
@@ -415,7 +428,7 @@ def main(argv=None) -> int:
 
     rows, by_label = [], {}
     for G in args.sizes:
-        for label, run in contenders(G, have_blackjax).items():
+        for label, run in contenders(G, have_blackjax, args.design).items():
             if args.only and not any(s in label for s in args.only):
                 continue
             t0 = time.perf_counter()
@@ -443,7 +456,7 @@ def main(argv=None) -> int:
         reference = by_label.get((G, "(a) marginal, PyMC NUTS"))
         if reference is None:
             continue
-        y, group = simulate(G)
+        y, group = simulate(G, args.design)
         prof = profile_marginal(y, group, G, reference, n_points=50)
         print(
             f"| {G} | {prof['marginal_us']:.0f} | {prof['full_us']:.1f} | "
