@@ -201,3 +201,12 @@ def test_maximum_likelihood_reproduces_table_ix(data, beta):
     se_digits = (1e-3, 1e-3) if beta else (1e-4, 1e-3)
     for se, reference, digit in zip(fit.se, published["se"], se_digits, strict=True):
         assert se == pytest.approx(reference, abs=digit)
+
+
+def test_pymc_model_rejects_an_unconverged_bellman_solve(data):
+    """With too few value-iteration sweeps the solve fails: logp is −inf, never silently used."""
+    model = rust_model(data, 0.9999, method="iteration", max_iter=50, relative=False)
+    point = {"RC_log__": np.log(9.0), "theta11_log__": np.log(2.6)}
+    assert model.compile_logp()(point) == -np.inf
+    with pytest.raises(ValueError, match="`on_failure` must be one of"):
+        rust_model(data, 0.9999, on_failure="ignore")

@@ -360,6 +360,7 @@ def rust_model(
     rc_prior_sd: float = 20.0,
     theta11_prior_sd: float = 20.0,
     flat_priors: bool = False,
+    on_failure: str = "reject",
     **expected_value_kwargs,
 ):
     """The choice part of Rust's model as a PyMC model, EV solved inside it.
@@ -376,6 +377,10 @@ def rust_model(
         values at β = 0.9999 are 10 and 2.3).
     flat_priors : bool, default False
         Use improper flat priors on (0, ∞) instead: the MAP is then the MLE.
+    on_failure : {"reject", "raise", "warn"}, default "reject"
+        What an unconverged EV solve does to the log density (the package's shared policy):
+        ``"reject"`` makes it −inf (NUTS rejects the point), ``"raise"`` raises, ``"warn"``
+        warns and uses the last iterate.
     **expected_value_kwargs
         Passed to :func:`expected_value`.
 
@@ -383,9 +388,14 @@ def rust_model(
     -------
     model : pm.Model
         Free variables ``RC`` and ``theta11``; deterministics ``ev``, ``p_replace`` (per state)
-        and ``ev_converged``; the observed ``decision`` (Bernoulli with logit v_replace − v_keep).
+        and ``ev_converged``; the observed ``decision`` (Bernoulli with logit v_replace − v_keep);
+        the potential ``ev_failure`` (0, or the `on_failure` policy where EV did not converge).
     """
     import pymc as pm
+
+    from pymc_optim._failure import apply_failure_policy, check_on_failure
+
+    check_on_failure(on_failure)
 
     if transition is None:
         transition = transition_matrix(transition_probabilities(data.increment), data.n)
@@ -402,6 +412,10 @@ def rust_model(
         pm.Deterministic("p_replace", pm.math.sigmoid(logit), dims="state")
         pm.Deterministic("ev_converged", success)
         pm.Bernoulli("decision", logit_p=logit[data.state], observed=data.decision)
+        message = "the Bellman fixed point EV = T(EV) did not converge"
+        pm.Potential(
+            "ev_failure", apply_failure_policy(pt.constant(0.0), success, on_failure, message)
+        )
     return model
 
 
