@@ -330,6 +330,17 @@ def _kron_solve(a, b, rhs, b_ndim, solve_factor):
     With ``solve_factor = matmul`` the same steps give the product (a ⊗ b) rhs = vec(a Y bᵀ)."""
     n, m = a.shape[-1], b.shape[-1]
     y = rhs[..., None] if b_ndim == 1 else rhs
+    if all(all(f.type.broadcastable[:-2]) for f in (a, b)):
+        a, b = (f[(0,) * (f.ndim - 2)] for f in (a, b))  # batch axes of length 1 only: drop them
+    if a.ndim == 2 and b.ndim == 2 and y.ndim > 2:
+        # Unbatched factors, batched right-hand sides (e.g. a vectorized Jacobian): the batch
+        # becomes more columns of one solve, not a Python loop of Blockwise solves.
+        k = y.ndim - 2
+        shape = [y.shape[i] for i in (k, k + 1, *range(k))]  # (N, c, *batch)
+        columns = y.transpose(k, k + 1, *range(k)).reshape((shape[0], -1))
+        x = _kron_solve(a, b, columns, 2, solve_factor)
+        x = x.reshape(shape).transpose(*range(2, k + 2), 0, 1)
+        return x[..., 0] if b_ndim == 1 else x
     c = y.shape[-1]
     z = solve_factor(a, y.reshape((*_batch(y, 2), n, m * c)))  # a⁻¹ along the n axis
     z = z.reshape((*_batch(z, 2), n, m, c))
@@ -588,6 +599,28 @@ def structured_matmul(fgraph, node):
 
 
 @node_rewriter([Blockwise])
+def one_matrix_many_columns(fgraph, node):
+    """A batch of solves with one matrix (batch axes of A of length 1) and a batch of right-hand
+    sides is one solve with more columns: ``solve(A, B[i])`` for all i = ``solve(A, [B[0] …])``.
+
+    A vectorized Jacobian (the Laplace Hessian, the Newton system) solves with the prior's
+    Cholesky factor once per direction; as a Blockwise that is a Python loop of small solves."""
+    op = node.op.core_op
+    if not isinstance(op, SolveTriangular | Solve | CholeskySolve) or op.b_ndim != 2:
+        return None
+    a, rhs = node.inputs
+    k = rhs.ndim - 2
+    if k == 0 or not all(a.type.broadcastable[:-2]):
+        return None
+    core_a = a[(0,) * (a.ndim - 2)]
+    shape = [rhs.shape[i] for i in (k, k + 1, *range(k))]  # (m, c, *batch)
+    columns = rhs.transpose(k, k + 1, *range(k)).reshape((shape[0], -1))
+    x = op(core_a, columns)
+    new = x.reshape(shape).transpose(*range(2, k + 2), 0, 1)
+    return [_like(node.outputs[0], new)]
+
+
+@node_rewriter([Blockwise])
 def batched_slogdet(fgraph, node):
     """log|det|, log det and sign(det) of a batch of matrices with one batched SLogDet.
 
@@ -624,6 +657,7 @@ _REWRITERS = (
     structured_sum_log_diag,
     structured_transpose,
     structured_matmul,
+    one_matrix_many_columns,
 )
 
 

@@ -428,3 +428,26 @@ def test_solve_and_logdet_gradients_equal_dense(kron_inputs, rng, matrix):
     ) / (2 * eps)
     analytic = sum(np.sum(g * d) for g, d in zip(want[1:], direction, strict=True))
     np.testing.assert_allclose(analytic, fd, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["solve", "triangular"])
+def test_one_matrix_many_columns(rng, kind):
+    # A vectorized Jacobian solves with one matrix per direction: one solve with more columns.
+    a = pt.matrix("a", shape=(5, 5), dtype="float64")
+    rhs = pt.tensor("rhs", shape=(7, 2, 5, 3), dtype="float64")
+    if kind == "solve":
+        x = pt.linalg.solve(a[None, None], rhs, b_ndim=2)
+        A = spd(rng, 5)
+    else:
+        x = pt.linalg.solve_triangular(a[None, None], rhs, lower=True, b_ndim=2)
+        A = np.linalg.cholesky(spd(rng, 5))
+    f, dense = compile_both([a, rhs], x)
+    batched = [
+        node
+        for node in f.maker.fgraph.toposort()
+        if getattr(node.op, "core_op", None) is not None and "Solve" in str(node.op)
+    ]
+    assert batched == [] and decompositions(f, 5) != []
+    R = rng.normal(size=rhs.type.shape)
+    np.testing.assert_allclose(f(A, R), dense(A, R), rtol=1e-10)
+    np.testing.assert_allclose(f(A, R), np.linalg.solve(A, R), rtol=1e-8)
