@@ -21,7 +21,10 @@ adds, for A (n × n), B (m × m), N = n·m and ⊗ = ``pt.linalg.kron`` (row-maj
   and of a block-diagonal matrix, Σᵢ log|Aᵢ|;
 - ``(A ⊗ B)ᵀ = Aᵀ ⊗ Bᵀ``, ``block_diag(Aᵢ)ᵀ = block_diag(Aᵢᵀ)`` and the products
   (A ⊗ B) M, M (A ⊗ B) by the same vec trick (the gradient of a Cholesky solves with and
-  multiplies by Lᵀ), and a fix for batched ``log(det(·))``, which PyTensor 2.38 cannot compile.
+  multiplies by Lᵀ), and a fix for batched ``log(det(·))``, which PyTensor 2.38 cannot compile;
+- a batch of solves with one matrix (a vectorized Jacobian solving with a prior's Cholesky
+  factor once per direction) as one solve with more columns, not a Python loop of Blockwise
+  solves.
 
 Registration. The rewrites carry the tag ``"pmo_structured_linalg"`` (`TAG`). They run in every
 ``FAST_RUN`` compilation — an early pass before canonicalize (so that ``log(det(A ⊗ B))`` is
