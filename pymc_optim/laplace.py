@@ -198,6 +198,10 @@ def marginalize_laplace(
     for var in carried:
         fgraph.add_output(var)
     new_model = model_from_fgraph(fgraph, mutate_fgraph=True)
+    # model_from_fgraph orders variables topologically; keep the user's order (it is the order
+    # of value variables in compile_dlogp, find_MAP and the sampler's progress output).
+    order = {rv.name: i for i, rv in enumerate(model.free_RVs)}
+    new_model.free_RVs.sort(key=lambda rv: order[rv.name])
     new = fgraph.outputs[-len(carried) :]
     new_z_stars, (new_hessian, new_success) = (
         new[: len(z_stars)],
