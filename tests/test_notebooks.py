@@ -1,4 +1,4 @@
-"""Every notebook in `notebooks/` runs top to bottom; each checks its own answers in assert cells."""
+"""Every notebook in `notebooks/` runs top to bottom; each asserts its own answers."""
 
 from pathlib import Path
 
