@@ -453,11 +453,15 @@ def _logp(rv, value):
     which would duplicate the model's variables; the density is derived on stand-ins for them
     and written back on them.
     """
+    # only the outermost model variables: standing in for one inside another (a Deterministic's
+    # input) would cut the graph between them
     model_vars = [
         v
-        for v in ancestors([rv, value])
+        for v in ancestors([rv, value], blockers=None)
         if v.owner is not None and isinstance(v.owner.op, ModelVar)
     ]
+    inner = set(ancestors([i for v in model_vars for i in v.owner.inputs]))
+    model_vars = [v for v in model_vars if v not in inner]
     standins = {v: v.type() for v in model_vars}
     derived = pm.logp(*graph_replace([rv, value], standins, strict=False))
     return graph_replace(derived, {s: v for v, s in standins.items()}, strict=False)

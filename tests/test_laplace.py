@@ -880,3 +880,22 @@ def test_auto_structure_matches_the_exact_marginal():
     for mu, sigma_y in SLOPE_POINTS:
         flat = [*mu, np.log(sigma_y)]
         assert_allclose(compiled.logp(flat), slopes_marginal(np.array(mu), sigma_y), atol=1e-8)
+
+
+def test_deterministic_among_the_prior_parameters_is_kept():
+    """sigma = Deterministic(tau^-1/2) feeds the prior: the density is derived with sigma's
+    graph intact (a stand-in for tau inside it would cut the graph)."""
+    with pm.Model() as model:
+        tau = pm.Gamma("tau", F64(2.0), F64(1.0))
+        sigma = pm.Deterministic("sigma", tau**-0.5)
+        pm.Normal("b", F64(0.0), sigma, shape=4)
+        pm.Normal("y", model["b"], F64(0.5), observed=np.array([1.0, 2.0, 3.0, 4.0]))
+    marginal = pmo.marginalize_laplace(model, "b")
+    assert [d.name for d in marginal.deterministics] == ["sigma"]
+    t = 1.3
+    expected = (
+        scipy.stats.norm.logpdf([1.0, 2.0, 3.0, 4.0], 0.0, np.sqrt(1 / t + 0.25)).sum()
+        + scipy.stats.gamma.logpdf(t, 2.0)
+        + np.log(t)
+    )
+    assert_allclose(marginal.compile_logp()({"tau_log__": np.log(t)}), expected, atol=1e-8)
