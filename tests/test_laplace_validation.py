@@ -77,7 +77,11 @@ def test_poisson_hyperparameters_agree_with_a_long_full_nuts_run():
         assert difference < allowed, (name, difference, allowed)
         # spread: sds agree to 10% (the sd's own Monte Carlo error is ~2% at these ESS)
         assert abs(b["sd"].iloc[0] / a["sd"].iloc[0] - 1) < 0.1, name
-    assert int(marginal.sample_stats.diverging.sum()) == 0
+    # rejected points (an inner solve that failed, under on_failure="reject") and ordinary
+    # divergences both count here: they must stay rare (≤ 0.5% of draws)
+    assert (
+        int(marginal.sample_stats.diverging.sum()) <= 0.005 * marginal.posterior.sizes["draw"] * 2
+    )
 
 
 # --- 2. simulation-based calibration --------------------------------------------------------------
