@@ -19,25 +19,19 @@ policy, and register the solver's diagnostics next to it. They read like ``pm.De
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 
 import numpy as np
 import pytensor.tensor as pt
-from pytensor.gradient import DisconnectedType
-from pytensor.graph.basic import Apply
-from pytensor.graph.op import Op
 from pytensor.raise_op import Assert
 from pytensor.tensor.variable import TensorVariable
 
+from pymc_optim._failure import ON_FAILURE, WarnOnFailure, check_on_failure
 from pymc_optim._solver_op import solution_info
-from pymc_optim._warnings import PymcOptimWarning
 from pymc_optim.minimize import minimize
 from pymc_optim.root import root
 
 __all__ = ["ON_FAILURE", "Equilibrium", "Optimum"]
-
-ON_FAILURE = ("reject", "raise", "warn")
 
 
 def Optimum(  # noqa: N802  (named like pm.Deterministic, which it extends)
@@ -86,7 +80,7 @@ def Optimum(  # noqa: N802  (named like pm.Deterministic, which it extends)
         constraints, through the KKT conditions).
     """
     _check_single(x, "Optimum")
-    _check_policy(on_failure)
+    check_on_failure(on_failure)
     x_star, success = minimize(objective, x, **minimize_kwargs)
     return _register(name, x_star, success, dims, on_failure, diagnostics)
 
@@ -126,7 +120,7 @@ def Equilibrium(  # noqa: N802  (named like pm.Deterministic, which it extends)
     2.0
     """
     _check_single(x, "Equilibrium")
-    _check_policy(on_failure)
+    check_on_failure(on_failure)
     x_star, success = root(equations, x, **root_kwargs)
     return _register(name, x_star, success, dims, on_failure, diagnostics)
 
@@ -136,13 +130,6 @@ def _check_single(x, helper: str) -> None:
         raise TypeError(
             f"`x` of `{helper}` must be one variable, registered under one name; got a list of "
             f"{len(x)}. Call `{helper}` once per variable, or concatenate them."
-        )
-
-
-def _check_policy(on_failure: str) -> None:
-    if on_failure not in ON_FAILURE:
-        raise ValueError(
-            f"`on_failure` must be one of {', '.join(map(repr, ON_FAILURE))}; got {on_failure!r}."
         )
 
 
@@ -160,43 +147,11 @@ def _register(name, x_star, success, dims, on_failure, diagnostics):
             "on_failure='reject' to let the sampler reject such parameter values instead."
         )(x_star, success)
     else:
-        x_used = _WarnOnFailure(name)(x_star, success)
+        x_used = WarnOnFailure(f"The solve for `{name}` failed (success=False; on_failure='warn')")(
+            x_star, pt.all(success)
+        )
     x_det = pm.Deterministic(name, x_used, dims=dims)
     if diagnostics:
         pm.Deterministic(f"{name}_success", info.success)
         pm.Deterministic(f"{name}_n_iterations", info.n_iterations)
     return x_det
-
-
-class _WarnOnFailure(Op):
-    """Pass x through; warn (PymcOptimWarning) when the solve's success flag is False."""
-
-    __props__ = ("name",)
-    view_map = {0: [0]}
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def make_node(self, x, success):
-        x, success = pt.as_tensor_variable(x), pt.as_tensor_variable(success)
-        return Apply(self, [x, success], [x.type()])
-
-    def perform(self, node, inputs, output_storage):
-        x, success = inputs
-        if not success:
-            warnings.warn(
-                f"The solve for `{self.name}` failed (success=False); its unconverged value is "
-                "used (on_failure='warn').",
-                PymcOptimWarning,
-                stacklevel=2,
-            )
-        output_storage[0][0] = x
-
-    def infer_shape(self, fgraph, node, input_shapes):
-        return [input_shapes[0]]
-
-    def connection_pattern(self, node):
-        return [[True], [False]]
-
-    def L_op(self, inputs, outputs, output_grads):
-        return [output_grads[0], DisconnectedType()()]
