@@ -229,46 +229,41 @@ def _unspecified(x):
     return x
 
 
+def _dimshuffle(x):
+    """(y, new_order) if x (under any specify_shape) is a DimShuffle of y, else (None, ())."""
+    node = _unspecified(x).owner
+    if node is None or not isinstance(node.op, DimShuffle):
+        return None, ()
+    return node.inputs[0], tuple(node.op.new_order)
+
+
 def _squeezed(x):
     """y if x is y without some leading broadcastable axes (a Blockwise gradient's squeeze)."""
-    x = _unspecified(x)
-    node = x.owner
-    if node is None or not isinstance(node.op, DimShuffle):
+    y, order = _dimshuffle(x)
+    if y is None:
         return None
-    y = node.inputs[0]
     k = y.ndim - x.ndim
-    if (
-        k > 0
-        and tuple(node.op.new_order) == tuple(range(k, y.ndim))
-        and all(y.type.broadcastable[:k])
-    ):
+    if k > 0 and order == tuple(range(k, y.ndim)) and all(y.type.broadcastable[:k]):
         return y
     return None
 
 
 def _padded(x):
     """y if x is y with new leading broadcastable axes (how Blockwise batches a core input)."""
-    x = _unspecified(x)
-    node = x.owner
-    if node is None or not isinstance(node.op, DimShuffle):
+    y, order = _dimshuffle(x)
+    if y is None:
         return None
-    nd = node.inputs[0].ndim
-    k = x.ndim - nd
-    if k > 0 and tuple(node.op.new_order) == (*("x",) * k, *range(nd)):
-        return node.inputs[0]
-    return None
+    k = x.ndim - y.ndim
+    return y if k > 0 and order == (*("x",) * k, *range(y.ndim)) else None
 
 
 def _transposed(x):
     """y if x = yᵀ (a swap of the last two axes and nothing else), else None."""
-    x = _unspecified(x)
-    node = x.owner
-    if node is None or not isinstance(node.op, DimShuffle):
+    y, order = _dimshuffle(x)
+    if y is None or y.ndim < 2:
         return None
-    nd = node.inputs[0].ndim
-    if nd >= 2 and tuple(node.op.new_order) == (*range(nd - 2), nd - 1, nd - 2):
-        return node.inputs[0]
-    return None
+    nd = y.ndim
+    return y if order == (*range(nd - 2), nd - 1, nd - 2) else None
 
 
 def _is_triangular(x, lower: bool) -> bool:
