@@ -547,12 +547,18 @@ class _NumericalProblem:
             out.append(m)
         return out
 
-    def _worst_violation(self, x, multipliers, active, at_lower, at_upper):
-        """The most violated sign or feasibility condition, as ``(kind, index)``, or None."""
+    def _margins(self, x):
+        """The tolerances at x that decide signs and feasibility (on the gradient's and x's
+        scales), and the constraints' values there."""
         _, g = self.value_and_grad(x)
         dual_tol = _DEGENERATE_TOL * (1 + np.max(np.abs(g), initial=0.0))
         scale_x = 1.0 + np.max(np.abs(x), initial=0.0)
         values = self.constraints(x)[0] if self.kinds else []
+        return dual_tol, scale_x, values
+
+    def _worst_violation(self, x, multipliers, active, at_lower, at_upper):
+        """The most violated sign or feasibility condition, as ``(kind, index)``, or None."""
+        dual_tol, scale_x, values = self._margins(x)
         worst, change = 0.0, None
         for k, kind in enumerate(self.kinds):
             if kind == "eq":
@@ -580,10 +586,7 @@ class _NumericalProblem:
 
     def _finish(self, x, multipliers, active, at_lower, at_upper):
         """Encode the active set in exact zeros and signs; flag degenerate constraints."""
-        _, g = self.value_and_grad(x)
-        dual_tol = _DEGENERATE_TOL * (1 + np.max(np.abs(g), initial=0.0))
-        scale_x = 1.0 + np.max(np.abs(x), initial=0.0)
-        values = self.constraints(x)[0] if self.kinds else []
+        dual_tol, scale_x, values = self._margins(x)
         degenerate = False
         out = []
         for k, kind in enumerate(self.kinds):
