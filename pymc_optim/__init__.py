@@ -2,22 +2,20 @@
 
 import importlib.util
 
-from pymc_optim import (
-    _rewrites,  # noqa: F401  (registers the scalar-specialization rewrite)
-    _structured_linalg,  # noqa: F401  (registers the Kronecker / block-diagonal rewrites)
-    _vectorize,  # noqa: F401  (registers native batching)
-)
-from pymc_optim._solver_op import SolverInfo, solution_info
-from pymc_optim._trace import SolveTrace, solver_trace
 from pymc_optim._warnings import PymcOptimWarning
-from pymc_optim.agents import Equilibrium, Optimum
-from pymc_optim.constrained import LagrangeMultipliers, lagrange_multipliers
-from pymc_optim.fixed_point import fixed_point
-from pymc_optim.laplace import marginalize_laplace, recover_latent
-from pymc_optim.minimize import minimize
-from pymc_optim.minimize_scalar import minimize_scalar
-from pymc_optim.root import root
-from pymc_optim.root_scalar import root_scalar
+from pymc_optim.backends import vectorize as _vectorize  # noqa: F401  (native batching)
+from pymc_optim.graph.diagnostics import SolverInfo, solution_info, solver_trace
+from pymc_optim.graph.trace import SolveTrace
+from pymc_optim.model.agents import Equilibrium, Optimum
+from pymc_optim.model.laplace import marginalize_laplace, recover_latent
+from pymc_optim.problems.constrained import LagrangeMultipliers, lagrange_multipliers
+from pymc_optim.problems.fixed_point import fixed_point
+from pymc_optim.problems.minimize import minimize
+from pymc_optim.problems.minimize_scalar import minimize_scalar
+from pymc_optim.problems.root import root
+from pymc_optim.problems.root_scalar import root_scalar
+from pymc_optim.rewrites import scalar as _scalar  # noqa: F401  (registers the rewrite)
+from pymc_optim.rewrites import structured_linalg as _structured_linalg  # noqa: F401  (same)
 
 __all__ = [
     "Equilibrium",
@@ -41,6 +39,6 @@ __all__ = [
 __version__ = "0.1.0"
 
 if importlib.util.find_spec("numba") is not None:
-    from pymc_optim import _numba  # noqa: F401  (registers the numba implementations)
+    from pymc_optim.backends import numba as _numba  # noqa: F401  (numba implementations)
 if importlib.util.find_spec("jax") is not None:
-    from pymc_optim import _jax  # noqa: F401  (registers the JAX implementations)
+    from pymc_optim.backends import jax as _jax  # noqa: F401  (JAX implementations)

@@ -1,0 +1,1 @@
+"""scipy.optimize as a numerical backend: the scipy-backed Ops and their callbacks."""

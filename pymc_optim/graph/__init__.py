@@ -1,0 +1,1 @@
+"""Graph plumbing: the solver Op base, splitting a user's graph, and solution diagnostics."""

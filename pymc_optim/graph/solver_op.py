@@ -1,0 +1,265 @@
+"""The base solver Op: inner graph, node construction, pickling, the shared implicit gradient."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+from pytensor.gradient import DisconnectedType
+from pytensor.graph.basic import Apply, Variable
+from pytensor.graph.fg import FunctionGraph
+from pytensor.graph.op import HasInnerGraph, Op
+from pytensor.graph.replace import graph_replace
+from pytensor.tensor.variable import TensorVariable
+
+from pymc_optim.graph import trace as _trace
+from pymc_optim.graph.inner_graph import InnerProblem
+from pymc_optim.implicit import OptimalityCondition, implicit_pullback
+
+__all__ = ["SolverOp", "make_solution"]
+
+#: Errors that evaluating the inner graph raises at parameters where the problem is undefined
+#: (PyMC's ParameterValueError is a ValueError).
+_INVALID_PARAMETERS = (ValueError, ArithmeticError, np.linalg.LinAlgError)
+
+
+class SolverOp(Op, HasInnerGraph):
+    """A numerical solve whose solution is differentiated by the shared implicit rule.
+
+    Inputs are ``[*x0s, *params, *extras]``: initial guesses (one per control), the parameters
+    found in the user's graph (the inner graph's inputs besides x), and solver-only inputs such as
+    a bracket, which the solution does not depend on locally. Outputs are
+    ``[*x_stars, success, n_iterations, n_evaluations]``.
+
+    Subclasses say *what is solved* (`condition`, `value`, the compiled functions they need) and
+    implement `solve` with a numerical backend.
+    """
+
+    def __init__(
+        self,
+        problem: InnerProblem,
+        *,
+        condition: OptimalityCondition | None = None,
+        n_extras: int = 0,
+    ):
+        self.problem = problem
+        self._condition = condition
+        self.n_controls = len(problem.inner_xs)
+        self.n_params = len(problem.inner_params)
+        self.n_extras = n_extras
+        self._compiled: dict[int, dict] = {}
+
+    # --- what is solved (subclasses) -------------------------------------------------------
+    @property
+    def condition(self) -> OptimalityCondition:
+        """F(x, θ) = 0 at the solution, on the inner variables (given to ``__init__``, or
+        built by a subclass that overrides this property)."""
+        if self._condition is None:
+            raise NotImplementedError(f"{type(self).__name__} defines no optimality condition.")
+        return self._condition
+
+    @property
+    def value(self) -> TensorVariable:
+        """The scalar reported as ``solution_info(x_star).value``, on the inner variables."""
+        raise NotImplementedError
+
+    def numerical_functions(self) -> dict[str, tuple[list, list[TensorVariable]]]:
+        """Named ``(more_inputs, outputs)`` pairs of inner expressions the backend evaluates.
+
+        Each is compiled once, lazily, into a function of ``(*xs, *more_inputs, *params)``.
+        """
+        raise NotImplementedError
+
+    def solve(self, fns: dict, x0s: list[np.ndarray], params: list, extras: list):
+        """Return ``(x_stars, success, n_iterations, n_evaluations)``; never raise on failure."""
+        raise NotImplementedError
+
+    # --- inner graph (PyTensor's HasInnerGraph: dprint and graph tools see it) ------------------
+    @property
+    def inner_inputs(self) -> list[Variable]:
+        """The inner controls, then the inner parameters (matching the node's first inputs)."""
+        return [*self.problem.inner_xs, *self.problem.inner_params]
+
+    @property
+    def inner_outputs(self) -> list[Variable]:
+        """The user's expressions on the inner variables (objective, equations or update)."""
+        return list(self.problem.inner_outputs)
+
+    @property
+    def fgraph(self) -> FunctionGraph:
+        """The inner graph as a FunctionGraph (built on first use; not pickled)."""
+        fgraph = self.__dict__.get("_fgraph")
+        if fgraph is None:
+            fgraph = FunctionGraph(self.inner_inputs, self.inner_outputs, clone=False)
+            self.__dict__["_fgraph"] = fgraph
+        return fgraph
+
+    @property
+    def fn(self):
+        """A compiled inner function of this thread (the first of `numerical_functions`)."""
+        return next(iter(self._compiled_functions().values()))
+
+    def clone(self) -> SolverOp:
+        """The Op itself: its inner graph is never modified in place (the backends rewrite
+        compiled copies of it), so sharing it is a faithful clone. Keeping one Op across
+        ``pytensor.function``'s cloning keeps its compiled inner functions, its solver traces
+        and its identity (duplicate applications merge)."""
+        return self
+
+    # --- Op interface ------------------------------------------------------------------------
+    def make_node(self, *inputs) -> Apply:
+        expected = self.n_controls + self.n_params + self.n_extras
+        if len(inputs) != expected:
+            raise TypeError(f"{type(self).__name__} expects {expected} inputs, got {len(inputs)}.")
+        x0s = [
+            _compatible(inner, pt.as_tensor_variable(x0))
+            for inner, x0 in zip(self.problem.inner_xs, inputs[: self.n_controls], strict=True)
+        ]
+        # Parameters keep their own types (PyMC graphs have boolean scalars, not only tensors).
+        params = [
+            _compatible(inner, p)
+            for inner, p in zip(
+                self.problem.inner_params,
+                inputs[self.n_controls : self.n_controls + self.n_params],
+                strict=True,
+            )
+        ]
+        extras = [pt.as_tensor_variable(e) for e in inputs[self.n_controls + self.n_params :]]
+        # x* takes x0's type: static shapes known outside stay known (JAX needs them).
+        outputs = [x0.type() for x0 in x0s] + [
+            pt.scalar(dtype="bool"),
+            pt.scalar(dtype="int64"),
+            pt.scalar(dtype="int64"),
+        ]
+        return Apply(self, [*x0s, *params, *extras], outputs)
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        return [*input_shapes[: self.n_controls], (), (), ()]
+
+    def typed_inner_inputs(self, node: Apply) -> tuple[list[Variable], list[Variable]]:
+        """Stand-ins for the inner controls and parameters with the static types of `node`'s inputs.
+
+        Shapes known outside (e.g. the size of x, which a dense Jacobian's identity matrix needs)
+        then become constants of the inner graphs, as the JAX and numba backends require.
+        """
+        n_inner = self.n_controls + self.n_params
+        typed = [outer.type() for outer in node.inputs[:n_inner]]
+        return typed[: self.n_controls], typed[self.n_controls :]
+
+    def inner_on(self, xs, params, outputs) -> list[Variable]:
+        """`outputs` of the inner graph written on the stand-ins `xs` and `params`."""
+        inner = [*self.problem.inner_xs, *self.problem.inner_params]
+        replace = dict(zip(inner, [*xs, *params], strict=True))
+        return graph_replace(list(outputs), replace, strict=False)
+
+    def _compiled_functions(self) -> dict:
+        """The inner functions, compiled once per thread (a PyTensor function holds its own
+        input and output storage, so threads, e.g. nutpie's chains, must not share one)."""
+        compiled = self._compiled.get(threading.get_ident())
+        if compiled is None:
+            compiled = {
+                name: pytensor.function(
+                    [*self.problem.inner_xs, *more_inputs, *self.problem.inner_params],
+                    outs,
+                    on_unused_input="ignore",
+                    trust_input=True,
+                )
+                for name, (more_inputs, outs) in self.numerical_functions().items()
+            }
+            self._compiled[threading.get_ident()] = compiled
+        return compiled
+
+    @property
+    def trace_limit(self) -> int:
+        """How many solves to record (0: none), from ``optimizer_kwargs["trace"]``."""
+        return _trace.trace_limit(getattr(self, "options", None))
+
+    def perform(self, node, inputs, output_storage):
+        x0s = inputs[: self.n_controls]
+        params = inputs[self.n_controls : self.n_controls + self.n_params]
+        extras = inputs[self.n_controls + self.n_params :]
+        fns = self._compiled_functions()
+        recorder = _trace.Recorder(fns, self.n_controls) if self.trace_limit else None
+        try:
+            x_stars, success, n_iterations, n_evaluations = self.solve(
+                fns if recorder is None else recorder.fns, list(x0s), list(params), list(extras)
+            )
+        except _INVALID_PARAMETERS as err:
+            # e.g. PyMC's parameter checks (sigma > 0) raising inside the objective: the
+            # problem has no solution at these parameters, which is data, not a crash.
+            x_stars = [np.full(np.shape(x0), np.nan) for x0 in x0s]
+            success, n_iterations, n_evaluations = False, -1, -1
+            _trace.note(f"{type(err).__name__}: {err}")
+        if recorder is not None:
+            solve = recorder.finish(params, x0s, x_stars, success, n_iterations, n_evaluations)
+            traces = self.__dict__.setdefault("_traces", _trace.new_trace_store(self.trace_limit))
+            traces.append(solve)
+        for storage, x, inner in zip(output_storage, x_stars, self.problem.inner_xs, strict=False):
+            storage[0] = np.asarray(x, dtype=inner.type.dtype).reshape(np.shape(x))
+        output_storage[self.n_controls][0] = np.asarray(bool(success))
+        output_storage[self.n_controls + 1][0] = np.asarray(n_iterations, dtype="int64")
+        output_storage[self.n_controls + 2][0] = np.asarray(n_evaluations, dtype="int64")
+
+    def connection_pattern(self, node):
+        # x* depends on the continuous parameters only (not on x0 or a bracket: the solution is
+        # locally constant in them); success and the counters are piecewise constant.
+        n_out = self.n_controls + 3
+        return [
+            [self._is_differentiable_param(i, var) and j < self.n_controls for j in range(n_out)]
+            for i, var in enumerate(node.inputs)
+        ]
+
+    def _is_differentiable_param(self, index: int, var: Variable) -> bool:
+        is_param = self.n_controls <= index < self.n_controls + self.n_params
+        return is_param and var.type.dtype.startswith("float")
+
+    def L_op(self, inputs, outputs, output_grads):
+        x_stars = outputs[: self.n_controls]
+        params = inputs[self.n_controls : self.n_controls + self.n_params]
+        disconnected = [DisconnectedType()() for _ in range(self.n_controls)]
+        extras = [DisconnectedType()() for _ in range(self.n_extras)]
+        x_grads = output_grads[: self.n_controls]
+        if all(isinstance(g.type, DisconnectedType) for g in x_grads):
+            return [*disconnected, *(DisconnectedType()() for _ in params), *extras]
+        param_grads = implicit_pullback(self.condition, x_stars, params, x_grads)
+        param_grads = [
+            g if self._is_differentiable_param(self.n_controls + i, p) else DisconnectedType()()
+            for i, (g, p) in enumerate(zip(param_grads, params, strict=True))
+        ]
+        return [*disconnected, *param_grads, *extras]
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_compiled"] = {}  # compiled functions do not pickle; recompiled on first use
+        state.pop("_fgraph", None)
+        state.pop("_traces", None)  # traces belong to the process that ran the solves
+        return state
+
+    def __str__(self):
+        return f"{type(self).__name__}{{method={getattr(self, 'method', '?')}}}"
+
+
+def _compatible(inner: Variable, outer: Variable) -> Variable:
+    """`outer`, converted to `inner`'s type only if needed (keeping a more precise static shape)."""
+    if inner.type.is_super(outer.type):
+        return outer
+    return inner.type.filter_variable(outer, allow_convert=True)
+
+
+def make_solution(
+    op: SolverOp,
+    x0s: Sequence[Variable],
+    extras: Sequence[Variable],
+    is_list: bool,
+):
+    """Apply `op` and return ``(x_star, success)`` shaped like the user's `x`."""
+    outs = op(*x0s, *op.problem.outer_params, *extras)
+    x_stars = list(outs[: op.n_controls])
+    success = outs[op.n_controls]
+    for x_star, inner in zip(x_stars, op.problem.inner_xs, strict=True):
+        if inner.name:
+            x_star.name = f"{inner.name}_star"
+    return (x_stars if is_list else x_stars[0]), success

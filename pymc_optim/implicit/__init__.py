@@ -1,0 +1,5 @@
+"""How solutions are differentiated: the one implicit-function-theorem rule (see :mod:`.rule`)."""
+
+from pymc_optim.implicit.rule import OptimalityCondition, implicit_pullback
+
+__all__ = ["OptimalityCondition", "implicit_pullback"]

@@ -1,0 +1,132 @@
+"""The one implicit-function-theorem rule that differentiates every solver in the package.
+
+Every problem reduces to an optimality condition F(x*, θ) = 0 with a square Jacobian
+A = ∂F/∂x: the gradient of the objective for minimization, the equations for root finding,
+x − T(x, θ) for a fixed point, the KKT rows (active bounds fixed) for constrained problems.
+
+Notes
+-----
+Differentiating F(x*(θ), θ) = 0 gives A dx*/dθ + ∂F/∂θ = 0, so for an output gradient ḡ the
+pullback is
+
+    solve Aᵀ w = ḡ,      θ̄ = −(∂F/∂θ)ᵀ w = ∂/∂θ [ −wᵀ F(x*, θ) ]   (w and x* held fixed).
+
+That is one linear solve plus one reverse pass of a scalar, whatever the number of parameters:
+∂F/∂θ is never formed. The scalar −wᵀF is built on stand-in variables for x* and w, and the
+stand-ins are substituted afterwards, so that the returned graph stays connected to x*(θ) and
+w(θ): differentiating it again (second derivatives, Hessian-vector products) is exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pytensor.tensor as pt
+from pytensor.gradient import DisconnectedType, grad
+from pytensor.graph.basic import Variable
+from pytensor.graph.replace import graph_replace
+from pytensor.tensor.variable import TensorVariable
+
+from pymc_optim.linalg.structure import LinearStructure, _concat_flat
+
+__all__ = ["OptimalityCondition", "implicit_pullback"]
+
+
+@dataclass(frozen=True)
+class OptimalityCondition:
+    """F(x, θ) = 0 at the solution, written on a solver Op's inner variables.
+
+    Attributes
+    ----------
+    xs : the inner control variables (x may be several tensors; F concatenates their sizes).
+    params : the inner parameter variables θ.
+    residual : the pieces of F, each any shape; their flattened concatenation is F.
+    symmetric : whether A = ∂F/∂x is symmetric (true for gradients of an objective).
+    structure : the layout of A (dense, diagonal, block-diagonal), see
+        :mod:`pymc_optim.linalg.structure`.
+    """
+
+    xs: Sequence[TensorVariable]
+    params: Sequence[TensorVariable]
+    residual: Sequence[TensorVariable]
+    symmetric: bool
+    structure: LinearStructure = LinearStructure()
+
+    def flat_residual(self) -> TensorVariable:
+        return _concat_flat(self.residual)
+
+    def on(self, xs, params) -> OptimalityCondition:
+        """The same condition written on other variables (``xs`` and ``params`` substituted)."""
+        replace = dict(zip([*self.xs, *self.params], [*xs, *params], strict=True))
+        residual = graph_replace(list(self.residual), replace, strict=False)
+        return OptimalityCondition(xs, params, residual, self.symmetric, self.structure)
+
+    def residual_norm(self) -> TensorVariable:
+        """‖F‖₂: what root-finding and fixed-point solvers report as their `value`."""
+        return pt.linalg.norm(self.flat_residual())
+
+    def jacobian(self) -> TensorVariable:
+        """A = ∂F/∂x on the inner variables, in the compact form of `structure`."""
+        return self.structure.jacobian(self.flat_residual(), self.xs)
+
+    def jacobian_matrix(self) -> TensorVariable:
+        """A = ∂F/∂x as a dense (n, n) matrix on the inner variables."""
+        return LinearStructure().jacobian(self.flat_residual(), self.xs)
+
+
+def implicit_pullback(
+    condition: OptimalityCondition,
+    x_stars: Sequence[Variable],
+    outer_params: Sequence[Variable],
+    output_grads: Sequence[Variable],
+) -> list[Variable]:
+    """Gradients of the loss with respect to `outer_params`, given ḡ for each of `x_stars`.
+
+    Parameters
+    ----------
+    condition : OptimalityCondition
+        F on the Op's inner variables.
+    x_stars : sequence of Variable
+        The solution, one outer variable per inner control (substituted for ``condition.xs``).
+    outer_params : sequence of Variable
+        The outer parameters, one per inner parameter (substituted for ``condition.params``).
+    output_grads : sequence of Variable
+        ∂L/∂x* for each control; disconnected ones count as zero.
+
+    Returns
+    -------
+    param_grads : list of Variable
+        θ̄ for every outer parameter (zeros for parameters F does not depend on; ``None`` for
+        parameters that are not continuous, e.g. integer or boolean ones).
+    """
+    g_bar = _concat_flat(
+        [
+            x.zeros_like(dtype=x.type.dtype) if isinstance(g.type, DisconnectedType) else g
+            for x, g in zip(x_stars, output_grads, strict=True)
+        ]
+    )
+    # Stand-ins with the outer variables' types: static shapes known outside (e.g. the size of
+    # x, which a dense Jacobian's identity matrix needs) become constants of this graph.
+    condition = condition.on([x.type() for x in x_stars], [p.type() for p in outer_params])
+    F = condition.flat_residual()
+    w_standin = F.type("w")
+    continuous = [p for p in condition.params if _is_continuous(p)]
+    continuous_grads = grad(-(w_standin * F).sum(), continuous, disconnected_inputs="ignore")
+    by_param = dict(zip(continuous, continuous_grads, strict=True))
+    param_grads = [by_param.get(p, pt.constant(0.0)) for p in condition.params]
+
+    to_outer = dict(zip(condition.xs, x_stars, strict=True))
+    to_outer.update(zip(condition.params, outer_params, strict=True))
+    A = graph_replace(condition.jacobian(), to_outer, strict=False)
+    w = condition.structure.solve(A, g_bar, transposed=True, symmetric=condition.symmetric)
+    to_outer[w_standin] = w.astype(F.type.dtype)
+    outer_grads = graph_replace(param_grads, to_outer, strict=False)
+    return [
+        g.astype(p.type.dtype) if _is_continuous(p) else None
+        for g, p in zip(outer_grads, outer_params, strict=True)
+    ]
+
+
+def _is_continuous(var: Variable) -> bool:
+    return var.type.dtype.startswith("float")

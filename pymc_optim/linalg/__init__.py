@@ -1,0 +1,1 @@
+"""The linear algebra of A = ∂F/∂x: its structure, its solve and its log-determinant."""

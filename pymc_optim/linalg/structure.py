@@ -1,0 +1,145 @@
+"""Structure of the square linear systems A = ∂F/∂x: how A is built compactly and solved.
+
+The implicit rule and the graph-native Newton solvers both solve with A. Its structure decides
+the cost: ``"dense"`` builds the (n, n) matrix (n reverse passes, O(n³) solve); ``"diagonal"``
+(F_i depends on x only through x_i) needs one reverse pass, Aᵀ1 = diag(A), and an element-wise
+division; ``"block_diagonal"`` with block size b (contiguous blocks of b elements of x, e.g.
+several random effects per group) needs b reverse passes and G = n/b independent b×b solves,
+O(G b³): a latent field of G independent groups costs O(G), not O(G³).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytensor.tensor as pt
+from pytensor.gradient import grad, jacobian
+from pytensor.tensor.variable import TensorVariable
+
+__all__ = ["STRUCTURES", "LinearStructure", "as_linear_structure", "structure_from_pattern"]
+
+STRUCTURES = ("dense", "diagonal", "block_diagonal")
+
+
+@dataclass(frozen=True)
+class LinearStructure:
+    """How A = ∂F/∂x is laid out: `kind` in STRUCTURES, `block_size` for block-diagonal A."""
+
+    kind: str = "dense"
+    block_size: int | None = None
+
+    # --- symbolic ------------------------------------------------------------------------------
+    def jacobian(self, F: TensorVariable, xs) -> TensorVariable:
+        """A in compact form: (n, n) dense, (n,) diagonal, or (G, b, b) blocks."""
+        xs = list(xs)
+        if all(None not in x.type.shape for x in xs):
+            # A is square: F has x's size, which is then a constant of the graph (JAX needs it).
+            F = pt.specify_shape(F, (sum(int(np.prod(x.type.shape)) for x in xs),))
+        if self.kind == "diagonal":
+            return _concat_flat(grad(F.sum(), xs, disconnected_inputs="ignore"))
+        if self.kind == "block_diagonal":
+            b = self.block_size
+            position = pt.arange(F.shape[0]) % b
+            # Aᵀ e_j (e_j = 1 at position j of every block) holds row j of every block.
+            rows = [
+                _concat_flat(grad((F * pt.eq(position, j)).sum(), xs, disconnected_inputs="ignore"))
+                for j in range(b)
+            ]
+            return pt.stack(rows).reshape((b, -1, b)).transpose(1, 0, 2)
+        blocks = jacobian(F, xs, vectorize=True, disconnected_inputs="ignore")
+        return pt.concatenate(
+            [blk.reshape((F.shape[0], x.size)) for blk, x in zip(blocks, xs, strict=True)], axis=1
+        )
+
+    def solve(
+        self, A: TensorVariable, rhs: TensorVariable, *, transposed: bool, symmetric: bool
+    ) -> TensorVariable:
+        """Solve A y = rhs (or Aᵀ y = rhs) symbolically, A in compact form."""
+        if self.kind == "diagonal":
+            return rhs / A
+        assume_a = "sym" if symmetric else "gen"
+        if transposed and not symmetric:
+            A = A.mT
+        if self.kind == "block_diagonal":
+            rhs = rhs.reshape((-1, self.block_size))
+        # Solve as a one-column matrix: when A is singular or NaN (after a failed solve) the
+        # installed Solve returns NaN shaped like A, and a column keeps that the right shape.
+        y = pt.linalg.solve(A, rhs[..., None], assume_a=assume_a, b_ndim=2)[..., 0]
+        return y.reshape((-1,))
+
+    def logdet_positive_definite(self, A: TensorVariable) -> TensorVariable:
+        """log det A for symmetric positive definite A in compact form, via Cholesky (NaN if A
+        is not positive definite)."""
+        if self.kind == "diagonal":
+            return pt.log(A).sum()
+        L = pt.linalg.cholesky(A)
+        return 2.0 * pt.log(pt.diagonal(L, axis1=-2, axis2=-1)).sum()
+
+    def sample_gaussian(self, mean, precision, noise) -> TensorVariable:
+        """mean + P^{-1/2} ε: a draw of N(mean, P⁻¹) from standard normal `noise` (P = L Lᵀ,
+        the draw solves Lᵀ v = ε)."""
+        if self.kind == "diagonal":
+            return mean + noise / pt.sqrt(precision)
+        L = pt.linalg.cholesky(precision)
+        if self.kind == "block_diagonal":
+            noise = noise.reshape((-1, self.block_size))
+        v = pt.linalg.solve_triangular(L.mT, noise[..., None], lower=False, b_ndim=2)[..., 0]
+        return mean + v.reshape((-1,))
+
+    # --- numerical (the graph-native solvers' perform) -----------------------------------------
+    def solve_array(self, A, rhs, xp=np):
+        """Solve A y = rhs with an array module `xp` (numpy or jax.numpy), A in compact form."""
+        if self.kind == "diagonal":
+            return rhs / A
+        if self.kind == "block_diagonal":
+            return xp.linalg.solve(A, rhs.reshape(-1, self.block_size, 1)).reshape(-1)
+        return xp.linalg.solve(A, rhs)
+
+    def solve_numpy(self, A: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+        """`solve_array` with numpy; raises numpy.linalg.LinAlgError when A is singular."""
+        if self.kind == "diagonal" and not np.all(A != 0):
+            raise np.linalg.LinAlgError("singular diagonal system")
+        return self.solve_array(A, rhs)
+
+
+def as_linear_structure(structure, block_size=None, argument: str = "structure"):
+    """Validate the user's `structure` (a name) and `block_size`."""
+    if isinstance(structure, LinearStructure):
+        return structure
+    if structure not in STRUCTURES:
+        raise ValueError(
+            f"`{argument}` must be one of {', '.join(map(repr, STRUCTURES))}; got {structure!r}."
+        )
+    if structure == "block_diagonal":
+        if not isinstance(block_size, int | np.integer) or block_size < 1:
+            raise ValueError(
+                f"`{argument}='block_diagonal'` needs `block_size`, a positive integer "
+                f"(the number of consecutive elements of x per block); got {block_size!r}."
+            )
+        return LinearStructure("block_diagonal", int(block_size))
+    if block_size is not None:
+        raise ValueError(f"`block_size` is only used with `{argument}='block_diagonal'`.")
+    return LinearStructure(structure)
+
+
+def structure_from_pattern(pattern: np.ndarray) -> LinearStructure:
+    """The most compact structure whose layout holds every nonzero of the (n, n) `pattern`.
+
+    Diagonal if only the diagonal is nonzero; block-diagonal with the smallest block size b
+    (a proper divisor of n) such that every nonzero (i, j) has i // b == j // b; else dense.
+    """
+    pattern = np.asarray(pattern, dtype=bool)
+    n = pattern.shape[0]
+    rows, cols = np.nonzero(pattern)
+    if np.all(rows == cols):
+        return LinearStructure("diagonal")
+    for b in range(2, n // 2 + 1):
+        if n % b == 0 and np.all(rows // b == cols // b):
+            return LinearStructure("block_diagonal", b)
+    return LinearStructure("dense")
+
+
+def _concat_flat(pieces) -> TensorVariable:
+    pieces = [pt.as_tensor_variable(p).ravel() for p in pieces]
+    return pieces[0] if len(pieces) == 1 else pt.concatenate(pieces)

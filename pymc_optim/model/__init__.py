@@ -1,0 +1,1 @@
+"""Model plumbing: helpers that take a ``pm.Model`` (or build inside one)."""

@@ -1,0 +1,1 @@
+"""What is solved: one module per problem type: its public function and optimality condition."""

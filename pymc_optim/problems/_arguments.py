@@ -1,0 +1,106 @@
+"""Argument validation shared by the public solver functions (run when the graph is built)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import pytensor.tensor as pt
+from pytensor.tensor.variable import TensorVariable
+
+from pymc_optim.graph.inner_graph import InnerProblem, as_control_variables, build_inner_problem
+from pymc_optim.graph.trace import trace_limit
+from pymc_optim.rewrites.structured_linalg import structure_linalg
+
+__all__ = [
+    "as_interval",
+    "split_problem",
+    "as_scalar_control",
+    "as_scalar_expression",
+    "check_method",
+    "check_optimizer_kwargs",
+]
+
+
+def split_problem(
+    outputs: Sequence[TensorVariable], xs: Sequence[TensorVariable], *, argument: str = "objective"
+) -> InnerProblem:
+    """The user's graph split into controls `xs`, parameters and the inner graph
+    (:func:`~pymc_optim.graph.inner_graph.build_inner_problem`), with Kronecker and block-diagonal
+    matrices factored first (:func:`~pymc_optim.rewrites.structured_linalg.structure_linalg`), so
+    that the parameters are the factors (e.g. cholesky(A), cholesky(B)) and not the dense (N, N)
+    matrix they would make."""
+    return build_inner_problem(structure_linalg(list(outputs)), xs, argument=argument)
+
+
+def check_method(method: str, valid: Iterable[str], routine: str) -> str:
+    """Return the canonical spelling of `method` (case-insensitive); raise listing valid ones."""
+    valid = tuple(valid)
+    if not isinstance(method, str):
+        raise TypeError(f"`method` must be a string; got {method!r}.")
+    by_lower = {m.lower(): m for m in valid}
+    if method.lower() not in by_lower:
+        raise ValueError(
+            f"`method` {method!r} is not a method of `{routine}`. Valid methods: "
+            + ", ".join(repr(m) for m in valid)
+            + "."
+        )
+    return by_lower[method.lower()]
+
+
+def check_optimizer_kwargs(
+    optimizer_kwargs: Mapping | None, *, reserved: Mapping[str, str]
+) -> dict:
+    """Copy `optimizer_kwargs`, refusing keys the solver sets itself (`reserved`: key -> fix)."""
+    if optimizer_kwargs is None:
+        return {}
+    if not isinstance(optimizer_kwargs, Mapping):
+        raise TypeError(
+            f"`optimizer_kwargs` must be a dict of keyword arguments for scipy; "
+            f"got {type(optimizer_kwargs).__name__}."
+        )
+    for key, fix in reserved.items():
+        if key in optimizer_kwargs:
+            raise ValueError(f"`optimizer_kwargs` must not contain {key!r}: {fix}")
+    trace_limit(optimizer_kwargs)  # validates pymc_optim's own "trace" key (see _trace)
+    return dict(optimizer_kwargs)
+
+
+# --- the scalar solvers (`minimize_scalar`, `root_scalar`) ---------------------------------------
+def as_scalar_control(x, routine: str, vector_routine: str) -> TensorVariable:
+    if isinstance(x, list | tuple):
+        raise TypeError(
+            f"`x` of `{routine}` must be a single 0-d variable, not a list; "
+            f"use `{vector_routine}` for several unknowns."
+        )
+    (x,), _ = as_control_variables(x)
+    if x.ndim != 0:
+        raise ValueError(
+            f"`x` of `{routine}` must be 0-d; got `{x}` with {x.ndim} dimensions. "
+            f"Use `{vector_routine}` for tensors."
+        )
+    return x
+
+
+def as_scalar_expression(expr, argument: str) -> TensorVariable:
+    expr = pt.as_tensor_variable(expr)
+    if expr.ndim != 0:
+        raise ValueError(
+            f"`{argument}` must be a scalar; got `{expr}` with {expr.ndim} dimensions."
+        )
+    return expr
+
+
+def as_interval(values: Sequence, argument: str, lengths: tuple[int, ...]) -> list[TensorVariable]:
+    """Numbers or scalar expressions, as float64 scalar variables."""
+    if not isinstance(values, list | tuple) or len(values) not in lengths:
+        raise ValueError(
+            f"`{argument}` must be a tuple of {' or '.join(map(str, lengths))} numbers or scalar "
+            f"expressions; got {values!r}."
+        )
+    out = []
+    for v in values:
+        v = pt.as_tensor_variable(v)
+        if v.ndim != 0:
+            raise ValueError(f"`{argument}` must hold scalars; got `{v}` with {v.ndim} dimensions.")
+        out.append(v.astype("float64"))
+    return out

@@ -1,0 +1,5 @@
+"""Graph rewrites registered with PyTensor when :mod:`pymc_optim` is imported.
+
+:mod:`.structured_linalg` (Kronecker and block-diagonal matrices through their factors) and
+:mod:`.scalar` (one-unknown solves by scalar Newton) say what they change and how to exclude them.
+"""
