@@ -72,33 +72,39 @@ about 3 s per solve on a 2-CPU machine with one BLAS thread.
 from __future__ import annotations
 
 import argparse
-import cProfile
-import gc
-import io
 import os
-import pstats
 import statistics
-import subprocess
 import sys
-import time
 import traceback
 import warnings
-from collections.abc import Callable
 
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
 import scipy.optimize
+from _timing import (
+    MIN_REPEATS,
+    PROFILE_REPORTS,
+    fmt_time,
+    git_revision,
+    paired_difference,
+    paired_ratio,
+    profile,
+    time_interleaved,
+    timed,
+)
 from scipy.special import expit
 
 import pymc_optim as pmo
+
+#: What the profiles also list by cumulative time: pymc_optim, PyTensor's function call, BFGS.
+_PROFILED = r"pymc_optim|function/types|_minimize_bfgs"
 
 FORWARD_SIZES = (10, 100, 1000)
 PARAM_COUNTS = (10, 100, 1000)
 # n controls of each gradient objective: 2a sweeps n, so the gradient's share of the time grows
 # from negligible (n = 10) to dominant; 2b sees all p parameters in its inner graph, fixed n = 10.
 GRADIENT_SIZES = {"a": (10, 100, 300), "b": (10,)}
-MIN_REPEATS = 5  # fewest paired repeats a slow run is cut down to
 GTOL = 1e-6  # tighter gtol makes BFGS stop on 'precision loss' (success=False) at n >= 100
 FORWARD_TARGET = 1.2
 SPEEDUP_TARGET = 5.0
@@ -107,98 +113,6 @@ GRADIENT_KINDS = {
     "a": "θ only through B θ (as specified)",
     "b": "θ elementwise inside softplus(A x + θ)",
 }
-
-
-# --- timing ---------------------------------------------------------------------------------------
-def _calls_per_batch(fn: Callable[[], object], batch_s: float) -> tuple[int, float]:
-    """Number of calls of `fn` that last about `batch_s` seconds (after one warm-up call), and the
-    seconds per call measured on the way."""
-    fn()
-    n, elapsed = 1, 0.0
-    while True:
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        elapsed = time.perf_counter() - t0
-        if elapsed >= batch_s / 10 or n >= 1_000_000:
-            break
-        n *= 10
-    return max(1, round(n * batch_s / elapsed)), elapsed / n
-
-
-def time_interleaved(
-    contenders: dict[str, Callable[[], object]],
-    repeats: int,
-    batch_s: float,
-    budget_s: float | None = None,
-) -> dict[str, list[float]]:
-    """Seconds per call of each contender, one entry per repeat, batches interleaved.
-
-    With `budget_s`, the number of repeats is lowered (never below MIN_REPEATS) so that the timed
-    repeats of this run last about `budget_s` seconds in all, as estimated from the calibration.
-    """
-    calibration = {name: _calls_per_batch(fn, batch_s) for name, fn in contenders.items()}
-    numbers = {name: number for name, (number, _) in calibration.items()}
-    if budget_s is not None:
-        per_repeat = sum(number * per_call for number, per_call in calibration.values())
-        repeats = min(repeats, max(MIN_REPEATS, int(budget_s / per_repeat)))
-    times: dict[str, list[float]] = {name: [] for name in contenders}
-    names = list(contenders)
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        for r in range(repeats):
-            for name in names if r % 2 == 0 else names[::-1]:
-                fn, number = contenders[name], numbers[name]
-                t0 = time.perf_counter()
-                for _ in range(number):
-                    fn()
-                times[name].append((time.perf_counter() - t0) / number)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-    return times
-
-
-def paired_ratio(num: list[float], den: list[float]) -> float:
-    return statistics.median(a / b for a, b in zip(num, den, strict=True))
-
-
-def paired_difference(a: list[float], b: list[float]) -> float:
-    return statistics.median(x - y for x, y in zip(a, b, strict=True))
-
-
-def fmt_time(seconds: float) -> str:
-    if seconds >= 1:
-        return f"{seconds:.2f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds * 1e6:.1f} µs"
-
-
-def timed(fn: Callable[[], object]) -> tuple[object, float]:
-    t0 = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0
-
-
-PROFILE_REPORTS: list[str] = []
-
-
-def profile(label: str, fn: Callable[[], object], calls: int, top: int = 15) -> None:
-    """cProfile `calls` calls of `fn`; the report is printed after the tables."""
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(calls):
-        fn()
-    prof.disable()
-    buf = io.StringIO()
-    stats = pstats.Stats(prof, stream=buf)
-    stats.sort_stats("tottime").print_stats(top)
-    buf.write("\n--- pymc_optim, the pytensor function call and scipy's BFGS, by cumulative time\n")
-    stats.sort_stats("cumulative").print_stats(r"pymc_optim|function/types|_minimize_bfgs", top)
-    report = buf.getvalue().strip()
-    PROFILE_REPORTS.append(f"\n### cProfile: {label} ({calls} calls)\n\n```\n{report}\n```")
 
 
 # --- measurement 1: forward overhead ----------------------------------------------------------
@@ -235,7 +149,12 @@ def forward_case(n: int, rng: np.random.Generator, repeats: int, batch_s: float,
 
     times = time_interleaved({"ours": ours, "direct": direct}, repeats, batch_s)
     if show_profile:
-        profile(f"pmo.minimize forward, n={n}", ours, calls=max(3, int(0.5 / min(times["ours"]))))
+        profile(
+            f"pmo.minimize forward, n={n}",
+            ours,
+            calls=max(3, int(0.5 / min(times["ours"]))),
+            cumulative=_PROFILED,
+        )
     return {
         "n": n,
         "nit": res.nit,
@@ -369,7 +288,7 @@ def gradient_measurement(
         contenders.update({(p, name): fn for name, fn in cs.items()})
     if not contenders:
         return rows, failures, None, 0
-    times = time_interleaved(contenders, repeats, batch_s, budget_s)
+    times = time_interleaved(contenders, repeats, batch_s, budget_s=budget_s)
     n_repeats = len(next(iter(times.values())))
     for (p, name), ts in times.items():
         rows[p][name] = statistics.median(ts)
@@ -392,6 +311,7 @@ def gradient_measurement(
                     f"{label} solve + gradient, kind {kind}, n={n}, p={big}",
                     contenders[(big, name)],
                     calls,
+                    cumulative=_PROFILED,
                 )
     return rows, failures, scaling, n_repeats
 
@@ -486,27 +406,6 @@ def main(argv=None) -> int:
     return run(args)
 
 
-def _git_revision() -> str:
-    """The checkout's short commit (with "+dirty" for local changes to pymc_optim), if any."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(pmo.__file__)))
-    try:
-        rev = subprocess.run(
-            ["git", "-C", root, "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", root, "status", "--porcelain", "--", "pymc_optim"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return rev + ("+dirty" if dirty else "")
-
-
 def run(args) -> int:
     repeats = args.repeats or (3 if args.quick else 11)
     batch_s = args.batch or (0.02 if args.quick else 0.2)
@@ -514,10 +413,11 @@ def run(args) -> int:
     rng = np.random.default_rng(args.seed)
     warnings.filterwarnings("ignore", message="PyTensor could not link to a BLAS")
 
+    revision = git_revision(pmo.__file__)
     print(
         f"# pymc_optim foundation benchmark\n\n"
         f"python {sys.version.split()[0]}, numpy {np.__version__}, scipy {scipy.__version__}, "
-        f"pytensor {pytensor.__version__}, pymc_optim {pmo.__version__} ({_git_revision()}); "
+        f"pytensor {pytensor.__version__}, pymc_optim {pmo.__version__} ({revision}); "
         f"repeats={repeats} (a gradient run is cut to about {budget_s:g} s, never below "
         f"{min(repeats, MIN_REPEATS)} repeats), batch={batch_s}s, BFGS gtol={GTOL:g}, "
         f"BLAS threads={args.blas_threads or 'default'}, {os.cpu_count()} CPUs; "

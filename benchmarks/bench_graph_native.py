@@ -72,11 +72,7 @@ time(G = 3000) / time(G = 300) ≤ 15 for newton; the same two numbers are judge
 from __future__ import annotations
 
 import argparse
-import cProfile
-import gc
-import io
 import os
-import pstats
 import statistics
 import sys
 import time
@@ -89,11 +85,20 @@ import pytensor
 import pytensor.tensor as pt
 import scipy
 import scipy.stats
-from bench_foundation import _git_revision, fmt_time, paired_difference, paired_ratio, timed
+from _timing import (
+    PROFILE_REPORTS,
+    fmt_time,
+    git_revision,
+    paired_difference,
+    profile,
+    ratio,
+    time_interleaved,
+    timed,
+)
 from pytensor.graph.replace import graph_replace
 
 import pymc_optim as pmo
-from pymc_optim._newton import NewtonOp
+from pymc_optim.backends.newton import NewtonOp
 
 SIZES = (30, 300, 3000)
 PER_GROUP = 5
@@ -108,61 +113,6 @@ RTOL_NEWTON, RTOL_BFGS = 1e-9, 1e-6
 SPEEDUP_TARGET, SPEEDUP_AT = 10.0, 300
 SCALING_TARGET, SCALING_BIG, SCALING_SMALL = 15.0, 3000, 300
 SLOW_G = 3000  # BFGS at this G (and above) gets the reduced repeats
-
-
-# --- timing -------------------------------------------------------------------------------------
-def _calls_per_batch(fn: Callable[[], object], batch_s: float) -> int:
-    """Number of calls of `fn` that last about `batch_s` seconds (after one warm-up call)."""
-    fn()
-    n = 1
-    while True:
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        elapsed = time.perf_counter() - t0
-        if elapsed >= batch_s / 10 or n >= 1_000_000:
-            break
-        n *= 10
-    return max(1, round(n * batch_s / elapsed))
-
-
-def time_interleaved(
-    contenders: dict, repeats: int, batch_s: float, slow: dict
-) -> dict[object, list[float]]:
-    """Seconds per call of each contender, one entry per repeat, batches interleaved.
-
-    `slow` maps some contenders to a smaller number of repeats: they run one call per batch, with
-    no warm-up (their checked first call was one), in the first rounds only.
-    """
-    numbers = {
-        key: 1 if key in slow else _calls_per_batch(fn, batch_s) for key, fn in contenders.items()
-    }
-    times: dict[object, list[float]] = {key: [] for key in contenders}
-    keys = list(contenders)
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        for r in range(repeats):
-            for key in keys if r % 2 == 0 else keys[::-1]:
-                if key in slow and r >= slow[key]:
-                    continue
-                fn, number = contenders[key], numbers[key]
-                t0 = time.perf_counter()
-                for _ in range(number):
-                    fn()
-                times[key].append((time.perf_counter() - t0) / number)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-    return times
-
-
-def ratio(times: dict, num, den) -> float | None:
-    """Median of paired ratios over the repeats both contenders ran (None if one is missing)."""
-    if num not in times or den not in times:
-        return None
-    k = min(len(times[num]), len(times[den]))
-    return paired_ratio(times[num][:k], times[den][:k])
 
 
 # --- the problem --------------------------------------------------------------------------------
@@ -310,7 +260,7 @@ def execution_path(op, label: str) -> str:
 def count_inner_calls(fn, values) -> dict[str, int] | None:
     """Exact `system`/`merit` call counts of one call of `fn`, when its Newton loop runs in Python
     (``perform``: the C backend, NUMBA's object mode); None otherwise."""
-    from pymc_optim import _iterations
+    from pymc_optim.backends import iterations as _iterations
 
     counts = {"system": 0, "merit": 0}
     original = _iterations.newton
@@ -362,17 +312,17 @@ def inner_function_times(fn, label: str, values, u_star, batch_s: float) -> dict
                 trust_input=True,
             )
             fns[name] = lambda f=f: f(u0, *params)
-        times = time_interleaved(fns, 5, batch_s, {})
+        times = time_interleaved(fns, 5, batch_s)
         return {name: statistics.median(ts) for name, ts in times.items()}
 
     import jax
     import jax.numpy as jnp
 
-    from pymc_optim._jax import _jax_function, _on, _typed_inner_inputs
+    from pymc_optim.backends.jax import _jax_function
 
-    xs, ps = _typed_inner_inputs(op, node)
+    xs, ps = op.typed_inner_inputs(node)
     condition = op.condition.on(xs, ps)
-    (merit,) = _on(op, xs, ps, [op.merit])
+    (merit,) = op.inner_on(xs, ps, [op.merit])
     inner = {
         "system": _jax_function(
             [*xs, *ps], [merit, condition.flat_residual(), condition.jacobian()]
@@ -394,7 +344,7 @@ def inner_function_times(fn, label: str, values, u_star, batch_s: float) -> dict
         return lambda: jax.block_until_ready(jitted(u0, *params))
 
     fns = {(name, k): repeated(f, k) for name, f in inner.items() for k in (K, 2 * K)}
-    times = time_interleaved(fns, 5, batch_s, {})
+    times = time_interleaved(fns, 5, batch_s)
     return {name: paired_difference(times[(name, 2 * K)], times[(name, K)]) / K for name in inner}
 
 
@@ -402,24 +352,8 @@ def trivial_call_time(mode, values, batch_s: float) -> float:
     """Seconds per call of ``pytensor.function([mu, sigma], mu + sigma)`` in `mode`."""
     mu, sigma = pt.scalar("mu", dtype="float64"), pt.scalar("sigma", dtype="float64")
     fn = pytensor.function([mu, sigma], mu + sigma, mode=mode, trust_input=True)
-    times = time_interleaved({"trivial": lambda: fn(*values)}, 5, batch_s, {})
+    times = time_interleaved({"trivial": lambda: fn(*values)}, 5, batch_s)
     return statistics.median(times["trivial"])
-
-
-PROFILE_REPORTS: list[str] = []
-
-
-def profile(label: str, fn: Callable[[], object], calls: int, top: int = 18) -> None:
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(calls):
-        fn()
-    prof.disable()
-    buf = io.StringIO()
-    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
-    PROFILE_REPORTS.append(
-        f"\n### cProfile: {label} ({calls} calls)\n\n```\n{buf.getvalue().strip()}\n```"
-    )
 
 
 # --- report -------------------------------------------------------------------------------------
@@ -467,7 +401,7 @@ def run(args) -> int:
         f"# pymc_optim graph-native benchmark: Poisson random-intercepts inner mode\n\n"
         f"python {sys.version.split()[0]}, numpy {np.__version__}, scipy {scipy.__version__}, "
         f"pytensor {pytensor.__version__}, pymc {pm.__version__}, jax {jax.__version__}, "
-        f"pymc_optim {pmo.__version__} ({_git_revision()}, imported from "
+        f"pymc_optim {pmo.__version__} ({git_revision(pmo.__file__)}, imported from "
         f"{os.path.dirname(os.path.dirname(os.path.abspath(pmo.__file__)))}); "
         f"G = {sizes}, {PER_GROUP} counts per group, (mu, sigma) = ({POINT['mu']}, "
         f"{POINT['sigma']}), x0 = zeros; repeats={repeats} "
@@ -530,7 +464,7 @@ def run(args) -> int:
             )
 
     print(f"\n(checks done after {time.perf_counter() - t_start:.0f} s; timing...)\n", flush=True)
-    times = time_interleaved(contenders, repeats, batch_s, slow)
+    times = time_interleaved(contenders, repeats, batch_s, slow=slow)
     med = {key: statistics.median(ts) for key, ts in times.items()}
 
     names = [f"newton {label}" for label, _ in MODES]
@@ -639,7 +573,7 @@ def run(args) -> int:
             f"{fmt_time(overhead)} |"
         )
         if args.profile:
-            profile(f"newton {label}, G={big}, (L, ∇L)", contenders[key], 100)
+            profile(f"newton {label}, G={big}, (L, ∇L)", contenders[key], 100, top=18)
     print(f"\n## 5. Where the newton time goes at G = {big}\n")
     print(
         "| mode | execution path | (L, ∇L) | forward only | gradient part (% of L, ∇L) "

@@ -52,7 +52,7 @@ compiled ahead of time (``.lower().compile()``) and then timed. Chains run one a
 A second table profiles (a): the cost of one logp+gradient of (a) and of (b) outside the
 sampler (C backend) and the Newton iterations and function evaluations per inner solve.
 
-Targets (issue 4): (a) ≥ 5x the better of (b), (c) at G = 300, ≥ 100x (d), ≥ 50x (e).
+Targets: (a) ≥ 5x the better of (b), (c) at G = 300, ≥ 100x (d), ≥ 50x (e).
 
 Results
 -------
@@ -295,7 +295,7 @@ def profile_marginal(y, group, G: int, reference: dict, n_points: int) -> dict:
     """
     from pytensor.graph.traversal import ancestors
 
-    from pymc_optim._newton import NewtonOp
+    from pymc_optim.backends.newton import NewtonOp
 
     marginal = marginal_model(y, group, G)
     node = next(
@@ -411,7 +411,7 @@ def main(argv=None) -> int:
         "--design",
         choices=["equal", "mixed"],
         default="equal",
-        help="5 counts per group (the issue's problem) or groups of 1, 5 and 50 counts",
+        help="5 counts per group (the standard problem) or groups of 1, 5 and 50 counts",
     )
     parser.add_argument("--only", nargs="*", default=None, help="contenders whose label has this")
     args = parser.parse_args(argv)

@@ -41,8 +41,8 @@ import pytensor.tensor as pt
 from pytensor.compile.mode import get_mode
 
 import pymc_optim as pmo
-from pymc_optim import _trace
-from pymc_optim._rewrites import SCALAR_REWRITE
+from pymc_optim.graph import trace as _trace
+from pymc_optim.rewrites.scalar import SCALAR_REWRITE
 
 #: PyTensor's default (C) backend, and numba, where the scipy-backed Ops fall back to object
 #: mode while the graph-native Newton Op runs compiled.

@@ -12,7 +12,7 @@ exponential kernels (+ 10⁻³ jitter) of two lengthscales θ = (ℓ_t, ℓ_s), 
 ``pm.logp(pm.MvNormal.dist(mu=0, cov=pt.linalg.kron(K_t, K_s)), x)``. The timed function
 returns the log-density and its gradient with respect to θ and x. Rows:
 
-- **dense**: compiled with the rewrites of ``pymc_optim._structured_linalg`` excluded, and
+- **dense**: compiled with the rewrites of ``pymc_optim.rewrites.structured_linalg`` excluded, and
   PyTensor's own Kronecker lifts too (``local_lift_through_linalg``): Cholesky of the 900 × 900
   matrix, its gradient, triangular solves — O(N³).
 - **compile-time rewrites**: the same graph and gradient, default mode: the rewrites act on the
@@ -55,7 +55,7 @@ import pytensor.tensor as pt
 from pytensor.compile.mode import get_default_mode
 
 import pymc_optim as pmo
-from pymc_optim._structured_linalg import TAG, structure_linalg
+from pymc_optim.rewrites.structured_linalg import TAG, structure_linalg
 
 DENSE = get_default_mode().excluding(
     TAG, "local_lift_through_linalg", "rewrite_det_kronecker", "rewrite_det_blockdiag"

@@ -1,4 +1,4 @@
-"""Solver Ops inside PyMC models: the Laplace-marginal regression test from the issue.
+"""Solver Ops inside PyMC models: the Laplace-marginal regression test (random intercepts).
 
 A Poisson random-intercepts model (30 groups of 5 counts, simulated with a fixed seed) whose
 random effects u are integrated out by a hand-written Laplace approximation:

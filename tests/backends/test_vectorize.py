@@ -9,7 +9,7 @@ from pytensor.graph import vectorize_graph
 from pytensor.tensor.blockwise import Blockwise
 
 import pymc_optim as pmo
-from pymc_optim._solver_op import SolverOp
+from pymc_optim.graph.solver_op import SolverOp
 
 A_BATCH = np.array([[1.0, 2.0, 1.2], [0.5, 1.0, 1.5], [2.0, 0.1, 0.7]])
 

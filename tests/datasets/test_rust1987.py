@@ -27,7 +27,7 @@ TABLE_IX = {
     0.9999: {"rc": 10.075, "theta11": 2.293, "se": (1.582, 0.639), "loglik": -3304.155},
     0.0: {"rc": 7.6358, "theta11": 71.5133, "se": (0.7197, 13.778), "loglik": -3306.028},
 }
-TOL = 1e-10  # the requirement on max|EV − T(EV)|
+TOL = 1e-10  # the model's inner tolerance on max|EV − T(EV)| (INNER_TOL)
 
 
 @pytest.fixture(scope="module")

@@ -5,11 +5,11 @@ import pytest
 
 from pymc_optim.datasets import Rust1987Data, load_rust1987
 from pymc_optim.datasets.rust1987 import (
-    _read_buses,
     transition_log_likelihood,
     transition_matrix,
     transition_probabilities,
 )
+from pymc_optim.datasets.rust1987.data import _read_buses
 
 # README: group 4 at n = 90 has 4,292 observations and 33 replacements; Table IX's first stage
 # θ₃ = (0.3919, 0.5953), and full minus choice log-likelihood −3304.155 − (−163.584).

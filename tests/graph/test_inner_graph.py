@@ -17,11 +17,11 @@ from pytensor.tensor.elemwise import Elemwise
 from pytensor.tensor.random.op import RandomVariable
 
 import pymc_optim as pmo
-from pymc_optim._solver_op import SolverOp
-from pymc_optim.minimize import MINIMIZE_METHODS
-from pymc_optim.minimize_scalar import MINIMIZE_SCALAR_METHODS
-from pymc_optim.root import ROOT_METHODS
-from pymc_optim.root_scalar import ROOT_SCALAR_METHODS
+from pymc_optim.graph.solver_op import SolverOp
+from pymc_optim.problems.minimize import MINIMIZE_METHODS
+from pymc_optim.problems.minimize_scalar import MINIMIZE_SCALAR_METHODS
+from pymc_optim.problems.root import ROOT_METHODS
+from pymc_optim.problems.root_scalar import ROOT_SCALAR_METHODS
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The solver Op's mechanics (mirrors pymc_optim/_solver_op.py).
+"""The solver Op's mechanics (mirrors pymc_optim/graph/solver_op.py).
 
 `solution_info` against direct scipy calls, failure reported as data, pickling (``pm.sample``
 with ``cores>1`` pickles the compiled functions), the connection pattern and shape inference,
@@ -13,10 +13,11 @@ import pytensor.tensor as pt
 import pytest
 import scipy.optimize
 from pytensor.gradient import DisconnectedInputError
+from pytensor.graph.op import HasInnerGraph
 from pytensor.graph.replace import vectorize_graph
 
 import pymc_optim as pmo
-from pymc_optim._solver_op import SolverOp
+from pymc_optim.graph.solver_op import SolverOp
 
 #: pytensor says so (a UserWarning) each time a scipy-backed Op is compiled for NUMBA.
 NUMBA_OBJECT_MODE = "ignore:Numba will use object mode to run .*perform method:UserWarning"
@@ -266,6 +267,28 @@ def test_make_node_checks_the_number_of_inputs(x, a):
 def test_the_op_prints_its_method(x, a):
     x_star, _ = pmo.root(x - a, x, x0=np.zeros(2), method="lm")
     assert str(x_star.owner.op) == "RootOp{method=lm}"
+
+
+def test_the_inner_graph_is_visible_to_pytensor_tools(x, a):
+    """SolverOp is a HasInnerGraph: dprint shows the objective inside the solve, the inner inputs
+    line up with the node's inputs, and compiling keeps the very same Op (its compiled inner
+    functions and traces)."""
+    objective = ((x - a) ** 2).sum()
+    x_star, _ = pmo.minimize(objective, x, x0=np.zeros(2), method="newton")
+    op = x_star.owner.op
+    assert isinstance(op, HasInnerGraph)
+    assert op.inner_inputs[: op.n_controls + op.n_params] == [
+        *op.problem.inner_xs,
+        *op.problem.inner_params,
+    ]
+    assert op.fgraph.outputs == op.inner_outputs
+    printed = pytensor.dprint(x_star, file="str")
+    assert "Inner graphs:" in printed and "Pow" in printed.split("Inner graphs:")[1]
+    fn = pytensor.function([a], x_star)
+    assert [node.op for node in fn.maker.fgraph.apply_nodes if isinstance(node.op, SolverOp)] == [
+        op
+    ]
+    np.testing.assert_allclose(fn(np.array([1.0, 2.0])), [1.0, 2.0], rtol=1e-12)
 
 
 def test_the_solution_does_not_depend_on_x0_or_a_bracket(s, b):

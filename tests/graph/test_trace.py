@@ -16,7 +16,7 @@ from numpy.testing import assert_allclose
 from pytensor.graph.replace import vectorize_graph
 
 import pymc_optim as pmo
-from pymc_optim.minimize import MinimizeOp
+from pymc_optim.backends.scipy.ops import MinimizeOp
 
 A_VALUE = np.array([1.0, -2.0, 0.5])
 

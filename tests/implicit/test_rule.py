@@ -12,8 +12,7 @@ import numpy as np
 import pytensor
 import pytensor.tensor as pt
 import pytest
-from numpy.testing import assert_allclose
-from problems import (
+from cases import (
     MINIMIZE_PROBLEMS,
     MINIMIZE_SCALAR_PROBLEMS,
     ROOT_PROBLEMS,
@@ -26,6 +25,7 @@ from problems import (
     unlist,
     weighted_loss,
 )
+from numpy.testing import assert_allclose
 from pytensor.gradient import hessian
 from pytensor.graph.replace import vectorize_graph
 from pytensor.tensor import optimize as upstream

@@ -1,9 +1,9 @@
-"""`pymc_optim._linear`: the layout of A read off a sparsity pattern."""
+"""`pymc_optim.linalg.structure`: the layout of A read off a sparsity pattern."""
 
 import numpy as np
 import pytest
 
-from pymc_optim._linear import LinearStructure, structure_from_pattern
+from pymc_optim.linalg.structure import LinearStructure, structure_from_pattern
 
 
 def _blocks(n_blocks, b):

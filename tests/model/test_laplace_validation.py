@@ -1,4 +1,4 @@
-"""Sampling-based validation of `pymc_optim.laplace` (slow; CI runs them).
+"""Sampling-based validation of `pymc_optim.model.laplace` (slow; CI runs them).
 
 1. Poisson random intercepts, where the Laplace approximation is not exact: the hyperparameter
    posterior from NUTS on the marginal model agrees with a long NUTS run on the full

@@ -183,7 +183,8 @@ def test_box_gradient_matches_finite_differences(box_problem):
 
 
 def test_active_bound_regression_lbfgsb_unit_box():
-    # The case: min Σ(x − a)² on [0, 1]ⁿ at a = 2 sits on the upper bound, d(Σx*)/da = 0.
+    # The L-BFGS-B regression: min Σ(x − a)² on [0, 1]ⁿ at a = 2 sits on the upper bound,
+    # d(Σx*)/da = 0.
     x = pt.vector("x", shape=(3,))
     a = pt.scalar("a")
     x_star, success = pmo.minimize(

@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 import pytensor
 import pytensor.tensor as pt
 import pytest
-from numpy.testing import assert_allclose
-from problems import (
+from cases import (
     MINIMIZE_SCALAR_PROBLEMS,
     by_name,
     check_gradient_closed_form,
@@ -22,6 +21,7 @@ from problems import (
     compiled_solve,
     fast_function,
 )
+from numpy.testing import assert_allclose
 from scipy import optimize
 
 import pymc_optim as pmo

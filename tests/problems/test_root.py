@@ -14,8 +14,7 @@ import numpy as np
 import pytensor
 import pytensor.tensor as pt
 import pytest
-from numpy.testing import assert_allclose
-from problems import (
+from cases import (
     ROOT_PROBLEMS,
     FlatProblem,
     by_name,
@@ -25,6 +24,7 @@ from problems import (
     compiled_solve,
     numeric_x0,
 )
+from numpy.testing import assert_allclose
 from pytensor.gradient import jacobian
 from scipy import optimize
 

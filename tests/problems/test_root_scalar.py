@@ -14,8 +14,7 @@ import numpy as np
 import pytensor
 import pytensor.tensor as pt
 import pytest
-from numpy.testing import assert_allclose
-from problems import (
+from cases import (
     ROOT_SCALAR_PROBLEMS,
     by_name,
     check_gradient_closed_form,
@@ -24,6 +23,7 @@ from problems import (
     compiled_solve,
     fast_function,
 )
+from numpy.testing import assert_allclose
 from pytensor.gradient import DisconnectedInputError
 from scipy import optimize
 

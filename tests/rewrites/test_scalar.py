@@ -22,13 +22,10 @@ from pytensor.tensor.blockwise import Blockwise
 from scipy import optimize
 
 import pymc_optim as pmo
-from pymc_optim._newton import NewtonOp
-from pymc_optim._rewrites import SCALAR_REWRITE
-from pymc_optim._solver_op import SolverOp
-from pymc_optim.minimize import MinimizeOp
-from pymc_optim.minimize_scalar import MinimizeScalarOp
-from pymc_optim.root import RootOp
-from pymc_optim.root_scalar import RootScalarOp
+from pymc_optim.backends.newton import NewtonOp
+from pymc_optim.backends.scipy.ops import MinimizeOp, MinimizeScalarOp, RootOp, RootScalarOp
+from pymc_optim.graph.solver_op import SolverOp
+from pymc_optim.rewrites.scalar import SCALAR_REWRITE
 
 UNSPECIALIZED = get_default_mode().excluding(SCALAR_REWRITE)
 A, B = 2.5, 0.7

@@ -13,7 +13,7 @@ from pytensor.tensor.nlinalg import Det, SLogDet
 from pytensor.tensor.slinalg import Cholesky, LUFactor, SolveBase
 
 import pymc_optim as pmo
-from pymc_optim._structured_linalg import TAG, structure_linalg
+from pymc_optim.rewrites.structured_linalg import TAG, structure_linalg
 
 ONLY_PYTENSOR = get_default_mode().excluding(TAG)
 #: Dense reference: neither these rewrites nor PyTensor's own Kronecker/block-diagonal ones.
