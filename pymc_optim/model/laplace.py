@@ -24,6 +24,7 @@ from pytensor.tensor.variable import TensorVariable
 
 from pymc_optim._warnings import PymcOptimWarning
 from pymc_optim.backends.packing import Packer
+from pymc_optim.graph.inner_graph import static_size
 from pymc_optim.implicit import OptimalityCondition
 from pymc_optim.linalg.structure import LinearStructure, as_linear_structure, structure_from_pattern
 from pymc_optim.model.failure import apply_failure_policy, check_on_failure
@@ -277,7 +278,7 @@ def recover_latent(
     for z_star, transform, inputs in zip(
         info.modes, info.transforms, info.prior_inputs, strict=True
     ):
-        size = _static_size(z_star)
+        size = static_size(z_star)
         z = draw[start : start + size].reshape(z_star.shape)
         start += size
         latent_draws.append(z if transform is None else transform.backward(z, *inputs))
@@ -302,7 +303,7 @@ def recover_latent(
     per_chain = []
     for c in chains:
         point = [np.asarray(posterior[rv.name].values[c], dtype=rv.type.dtype) for rv in rvs]
-        eps = rng.standard_normal((n_draws, _static_size(mode))).astype(mode.dtype)
+        eps = rng.standard_normal((n_draws, static_size(mode))).astype(mode.dtype)
         per_chain.append(fn(*point, eps))
 
     import xarray as xr
@@ -471,15 +472,3 @@ def _logp(rv, value):
 def _split(flat, shapes):
     """Consecutive pieces of the vector `flat`, reshaped to `shapes`."""
     return Packer.from_shapes(shapes, flat.dtype).unpack(flat)
-
-
-def _static_shape(var) -> tuple[int, ...]:
-    if None in var.type.shape:
-        raise NotImplementedError(
-            f"`{var.name}` needs a static shape to be marginalized (give it `shape=` or `dims=`)."
-        )
-    return var.type.shape
-
-
-def _static_size(var) -> int:
-    return int(np.prod(_static_shape(var), dtype=int))
