@@ -44,3 +44,13 @@ def test_demo_runs_and_checks_itself():
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "posterior of c" in result.stdout
+
+
+def test_readme_lists_every_public_name():
+    from pymc_optim import __all__ as public
+    from pymc_optim.datasets import __all__ as datasets
+
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("## What is there", 1)[1].split("\n\n", 2)[1]
+    missing = [name for name in [*public, *datasets] if not re.search(rf"\b{name}\b", table)]
+    assert not missing, f"the README's table lacks {missing}"
