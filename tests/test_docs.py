@@ -5,6 +5,7 @@ The build (the `site` fixture in conftest.py) executes every notebook once; the 
 test_notebooks.py read that build instead of executing the notebooks a second time.
 """
 
+import inspect
 import json
 import os
 import re
@@ -25,7 +26,8 @@ PUBLIC_NAMES = [f"pymc_optim.{name}" for name in pymc_optim.__all__] + [
     f"pymc_optim.datasets.{name}" for name in datasets.__all__
 ]
 
-pytestmark = [pytest.mark.slow, SITE_GROUP]
+# Every test that reads the built site is marked slow (the build executes the notebooks) and
+# SITE_GROUP (one xdist worker builds it once).
 
 
 class _Images(HTMLParser):
@@ -46,6 +48,8 @@ def image_sources(page: Path) -> list[str]:
     return parser.sources
 
 
+@pytest.mark.slow
+@SITE_GROUP
 def test_site_builds_with_warnings_as_errors(site):
     # A broken docstring, cross-reference or notebook (a failing assert cell included) is a
     # warning or an error of sphinx-build, and -W makes it fail the build.
@@ -53,6 +57,8 @@ def test_site_builds_with_warnings_as_errors(site):
     assert (site.html / "index.html").exists()
 
 
+@pytest.mark.slow
+@SITE_GROUP
 def test_every_public_name_has_an_api_page(site):
     missing = [n for n in PUBLIC_NAMES if not (site.html / "generated" / f"{n}.html").exists()]
     assert not missing, missing
@@ -63,6 +69,8 @@ def test_every_public_name_has_an_api_page(site):
     assert "Examples" in minimize_page and "x_star" in minimize_page
 
 
+@pytest.mark.slow
+@SITE_GROUP
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_page_contains_its_figures(site, path):
     executed = json.loads((site.executed / "examples" / path.name).read_text())
@@ -121,18 +129,38 @@ def _assert_not_blank(pixels: np.ndarray, what: str):
     assert (pixels < 128).mean() > 0.01, f"{what}: almost no dark pixels"
 
 
+@pytest.mark.slow
+@SITE_GROUP
 def test_landing_page_renders_in_a_browser(site, tmp_path):
     pixels = screenshot(site.html / "index.html", tmp_path / "index.png", tmp_path)
     _assert_not_blank(pixels, "index.html")
 
 
+@pytest.mark.slow
+@SITE_GROUP
 def test_notebook_page_renders_in_a_browser(site, tmp_path):
     page = site.html / "examples" / "laplace_inla.html"
     pixels = screenshot(page, tmp_path / "notebook.png", tmp_path)
     _assert_not_blank(pixels, page.name)
 
 
+@pytest.mark.slow
+@SITE_GROUP
 def test_the_blas_page_states_a_measured_cost(site):
     text = (site.html / "blas.html").read_text()
     assert "could not link to a BLAS installation" in text
     assert re.search(r"\d+(\.\d+)?\s*(x|×)", text), "the page gives no measured ratio"
+
+
+def test_every_public_function_has_an_example_that_runs_as_a_doctest():
+    # pytest collects the Examples with --doctest-modules (pyproject's addopts): here we check
+    # that every public function (and the data loaders) has one.
+    functions = [getattr(pymc_optim, name) for name in pymc_optim.__all__]
+    functions += [getattr(datasets, name) for name in datasets.__all__]
+    functions = [f for f in functions if inspect.isfunction(f)]
+    lacking = [
+        f.__name__
+        for f in functions
+        if "Examples\n" not in (f.__doc__ or "") or ">>> " not in (f.__doc__ or "")
+    ]
+    assert not lacking, f"public functions without an Examples section: {lacking}"
