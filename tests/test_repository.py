@@ -74,7 +74,8 @@ def test_blackjax_sampler_runs_a_solver_model():
         idata = pm.sample(
             100, tune=100, chains=1, nuts_sampler="blackjax", progressbar=False, random_seed=1
         )
-    # the equilibrium price is sqrt(a): the recorded solution matches the sampled a
+    # the equilibrium price is sqrt(a). Newton stops at |F| <= 1e-8 and |F'| = a/p² + 1 >= 1,
+    # so |p - sqrt(a)| <= 1e-8 to first order; 1e-7 leaves room for rounding.
     a_draws, price_draws = idata.posterior["a"].values, idata.posterior["price"].values
     assert a_draws.shape == (1, 100)
-    assert abs(price_draws - a_draws**0.5).max() < 1e-8
+    assert abs(price_draws - a_draws**0.5).max() < 1e-7
