@@ -67,6 +67,12 @@ from the docstrings; each function's Examples section runs as a doctest in CI.
     path = DOCS / "api.md"
     if not path.exists() or path.read_text() != text:
         path.write_text(text)
+    # a page generated for a name that is no longer public would be an orphan (a -W error)
+    names = {f"pymc_optim.{n}" for n in pymc_optim.__all__}
+    names |= {f"pymc_optim.datasets.{n}" for n in datasets.__all__}
+    for stale in (DOCS / "generated").glob("*.rst"):
+        if stale.stem not in names:
+            stale.unlink()
 
 
 _write_api_page()
