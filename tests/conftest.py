@@ -1,6 +1,63 @@
-"""Shared test set-up: folders mirror the package; `cases` holds the closed-form problems."""
+"""Shared test set-up: folders mirror the package; `cases` holds the closed-form problems; the
+documentation site is built once per test session."""
 
+import os
+import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))  # `from cases import ...` in every folder
+
+# Every test that reads the built site carries this mark; `--dist loadgroup` (pyproject's
+# addopts) sends them all to one xdist worker, so the site is built once, by one process,
+# while the other worker runs the rest of the suite.
+SITE_GROUP = pytest.mark.xdist_group("docs_site")
+
+
+@dataclass
+class Site:
+    html: Path  # the HTML output folder
+    executed: Path  # the notebooks as myst-nb executed them (jupyter_execute/)
+    returncode: int
+    log: str  # sphinx-build's stdout and stderr
+
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory) -> Site:
+    """Build docs/ with warnings as errors, executing every notebook once (fresh cache).
+
+    The cache lives in this session's temporary folder: a notebook is executed against the
+    package as it is now, never taken from an earlier run's cache.
+    """
+    pytest.importorskip("sphinx")
+    pytest.importorskip("myst_nb")
+    out = tmp_path_factory.mktemp("site")
+    html = out / "html"
+    command = [
+        sys.executable,
+        "-m",
+        "sphinx",
+        "-W",
+        "--keep-going",
+        "-b",
+        "html",
+        "-D",
+        f"nb_execution_cache_path={out / 'jupyter_cache'}",
+        str(ROOT / "docs"),
+        str(html),
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    return Site(
+        html=html,
+        executed=out / "jupyter_execute",
+        returncode=result.returncode,
+        log=result.stdout + result.stderr,
+    )

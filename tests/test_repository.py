@@ -44,3 +44,38 @@ def test_demo_runs_and_checks_itself():
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "posterior of c" in result.stdout
+
+
+def test_readme_lists_every_public_name():
+    from pymc_optim import __all__ as public
+    from pymc_optim.datasets import __all__ as datasets
+
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("## What is there", 1)[1].split("\n\n", 2)[1]
+    missing = [name for name in [*public, *datasets] if not re.search(rf"\b{name}\b", table)]
+    assert not missing, f"the README's table lacks {missing}"
+
+
+@pytest.mark.slow
+def test_blackjax_sampler_runs_a_solver_model():
+    # The README promises pm.sample(nuts_sampler="blackjax") after installing the backends
+    # extra, whose blackjax pin this checks (a graph-native solve inside the model).
+    pytest.importorskip("blackjax")
+    import pymc as pm
+    import pytensor.tensor as pt
+
+    import pymc_optim as pmo
+
+    with pm.Model():
+        a = pm.LogNormal("a", 0.0, 0.3)
+        p = pt.scalar("p")
+        price = pmo.Equilibrium("price", a / p - p, p, x0=1.0, method="newton")
+        pm.Normal("obs", price, 0.1, observed=[2.0, 2.1])
+        idata = pm.sample(
+            100, tune=100, chains=1, nuts_sampler="blackjax", progressbar=False, random_seed=1
+        )
+    # the equilibrium price is sqrt(a). Newton stops at |F| <= 1e-8 and |F'| = a/p² + 1 >= 1,
+    # so |p - sqrt(a)| <= 1e-8 to first order; 1e-7 leaves room for rounding.
+    a_draws, price_draws = idata.posterior["a"].values, idata.posterior["price"].values
+    assert a_draws.shape == (1, 100)
+    assert abs(price_draws - a_draws**0.5).max() < 1e-7

@@ -78,6 +78,22 @@ def Optimum(  # noqa: N802  (named like pm.Deterministic, which it extends)
     x_star : TensorVariable
         The registered Deterministic (differentiable by the implicit rule; with bounds or
         constraints, through the KKT conditions).
+
+    Examples
+    --------
+    A firm's output q* maximizing the profit 2q − c q², so q* = 1/c, and its sensitivity to the
+    cost parameter c, dq*/dc = −1/c², by the implicit rule:
+
+    >>> import pymc as pm, pytensor.tensor as pt
+    >>> import pymc_optim as pmo
+    >>> with pm.Model() as model:
+    ...     c = pm.LogNormal("c", 0.0, 0.5)
+    ...     q = pt.scalar("q")
+    ...     q_star = pmo.Optimum("q_star", c * q**2 - 2.0 * q, q, x0=1.0)
+    >>> round(float(q_star.eval({c: 4.0})), 6)
+    0.25
+    >>> round(float(pt.grad(q_star, c).eval({c: 4.0})), 6)
+    -0.0625
     """
     _check_single(x, "Optimum")
     check_on_failure(on_failure)

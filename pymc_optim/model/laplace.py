@@ -120,6 +120,27 @@ def marginalize_laplace(
     hyperparameters are jittered too because a structure can depend on them (a correlation of
     0 at the initial point). If no finite Hessian is found, or the latent has more than
     ``AUTO_STRUCTURE_MAX_SIZE`` elements, the layout is ``"dense"``, which is always correct.
+
+    Examples
+    --------
+    Three group means u with a Gaussian prior around mu and one Gaussian observation each:
+    integrating u out is exact here, y_i ~ N(mu, 2), so the marginal's potential equals the
+    closed form.
+
+    >>> import numpy as np, pymc as pm
+    >>> import pymc_optim as pmo
+    >>> y = np.array([0.5, -1.0, 2.0])
+    >>> with pm.Model() as model:
+    ...     mu = pm.Normal("mu", 0.0, 1.0)
+    ...     u = pm.Normal("u", mu, 1.0, shape=3)
+    ...     y_obs = pm.Normal("y", u, 1.0, observed=y)
+    >>> marginal = pmo.marginalize_laplace(model, "u")
+    >>> [rv.name for rv in marginal.free_RVs]
+    ['mu']
+    >>> laplace = marginal.compile_logp(vars=marginal.potentials)
+    >>> exact = pm.logp(pm.Normal.dist(0.3, np.sqrt(2.0)), y).sum().eval()
+    >>> bool(np.isclose(laplace({"mu": 0.3}), exact, rtol=1e-10))
+    True
     """
     check_on_failure(on_failure)
     latent_rvs = _check_latents(model, latent)
@@ -256,6 +277,29 @@ def recover_latent(
     ------
     TypeError
         If `marginal_model` was not made by :func:`marginalize_laplace`.
+
+    Examples
+    --------
+    With u_i ~ N(mu, 1) and y_i ~ N(u_i, 1), the conditional of u given y and mu is
+    N((mu + y) / 2, 1/2), which the Laplace approximation reproduces exactly: the recovered draws
+    (here for 4000 posterior draws of mu, all equal to 0.3) scatter around (0.3 + y) / 2.
+
+    >>> import arviz as az, numpy as np, pymc as pm
+    >>> import pymc_optim as pmo
+    >>> y = np.array([0.5, -1.0, 2.0])
+    >>> with pm.Model() as model:
+    ...     mu = pm.Normal("mu", 0.0, 1.0)
+    ...     u = pm.Normal("u", mu, 1.0, shape=3)
+    ...     y_obs = pm.Normal("y", u, 1.0, observed=y)
+    >>> marginal = pmo.marginalize_laplace(model, "u")
+    >>> idata = az.from_dict(posterior={"mu": np.full((1, 4000), 0.3)})
+    >>> idata = pmo.recover_latent(marginal, idata, random_seed=1, progressbar=False)
+    >>> idata.posterior["u"].shape, bool(idata.posterior["u_solved"].all())
+    ((1, 4000, 3), True)
+    >>> draws = idata.posterior["u"].values.reshape(-1, 3)
+    >>> # 4 standard errors of a mean of 4000 draws with variance 1/2
+    >>> bool(np.all(np.abs(draws.mean(axis=0) - (0.3 + y) / 2) < 4 * np.sqrt(0.5 / 4000)))
+    True
     """
     info = getattr(marginal_model, "_pmo_laplace", None)
     if info is None:

@@ -58,7 +58,7 @@ def minimize_scalar(
         the parameters; the gradient flows to them when the minimum sits on a bound.
     optimizer_kwargs : dict, optional
         Further keyword arguments of :func:`scipy.optimize.minimize_scalar` (``tol``,
-        ``options``); for ``"newton"``, ``tol`` (on |f'|, default 1e-8) and ``max_iter``.
+        ``options``); for ``"newton"``, ``tol`` (on ``|f'|``, default 1e-8) and ``max_iter``.
 
     Returns
     -------

@@ -54,7 +54,7 @@ def root_scalar(
         ``(a, b)`` with a sign change of the equation; required by the bracketing methods.
     optimizer_kwargs : dict, optional
         Further keyword arguments of :func:`scipy.optimize.root_scalar` (``xtol``, ``rtol``,
-        ``maxiter``, ``x1`` for secant); for ``"newton"``, ``tol`` (on |F|, default 1e-8) and
+        ``maxiter``, ``x1`` for secant); for ``"newton"``, ``tol`` (on ``|F|``, default 1e-8) and
         ``max_iter`` (default 100).
 
     Returns
