@@ -16,6 +16,7 @@ from pymc_optim.fixed_point import fixed_point
 from pymc_optim.laplace import marginalize_laplace, recover_latent
 from pymc_optim.minimize import minimize
 from pymc_optim.minimize_scalar import minimize_scalar
+from pymc_optim.model.inla import fit_inla, plot_inla_marginals
 from pymc_optim.root import root
 from pymc_optim.root_scalar import root_scalar
 
@@ -26,11 +27,13 @@ __all__ = [
     "PymcOptimWarning",
     "SolveTrace",
     "SolverInfo",
+    "fit_inla",
     "fixed_point",
     "lagrange_multipliers",
     "marginalize_laplace",
     "minimize",
     "minimize_scalar",
+    "plot_inla_marginals",
     "recover_latent",
     "root",
     "root_scalar",

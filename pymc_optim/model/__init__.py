@@ -1,0 +1,1 @@
+"""Model plumbing: helpers that take a pm.Model and return a new model or an InferenceData."""
