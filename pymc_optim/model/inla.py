@@ -120,7 +120,8 @@ def fit_inla(
     idata : arviz.InferenceData
         ``posterior``: `draws` joint draws of the hyperparameters (from the integration's
         approximation of p(θ | y)), of the latent (for each θ draw, one draw of N(x*(θ), H⁻¹) by
-        :func:`pymc_optim.recover_latent`) and of the model's deterministics, under the
+        :func:`pymc_optim.recover_latent`) and of the model's deterministics (those of the
+        latent too: they are computed from the joint draws in `model`), under the
         original names, dims and coords, so ``az.summary`` and
         ``pm.sample_posterior_predictive(idata, model=model)`` work. ``inla``: the integration
         points in the unconstrained space (``points``, dims ``point, hyper``), their log
@@ -180,7 +181,10 @@ def fit_inla(
         raise ValueError(f"`draws` must be a positive integer; got {draws!r}.")
     rng = np.random.default_rng(random_seed)
     marginal_model = marginalize_laplace(
-        model, latent, hessian_structure=hessian_structure, **marginal_kwargs
+        _without_latent_deterministics(model, latent),
+        latent,
+        hessian_structure=hessian_structure,
+        **marginal_kwargs,
     )
     target = _Target.from_model(marginal_model)
     m = target.size
@@ -275,6 +279,35 @@ def plot_inla_marginals(idata, var_names=None, *, ax=None, **plot_kwargs):
         axis.set_title(name)
         axis.set_xlabel(name)
     return axes
+
+
+def _without_latent_deterministics(model: pm.Model, latent) -> pm.Model:
+    """`model` without the deterministics computed from `latent` (the marginal model cannot
+    carry them; they are computed from the joint draws in the original model afterwards)."""
+    from pymc.model.fgraph import ModelDeterministic, fgraph_from_model, model_from_fgraph
+    from pytensor.graph.traversal import ancestors
+
+    items = list(latent) if isinstance(latent, list | tuple) else [latent]
+    names = [item if isinstance(item, str) else getattr(item, "name", None) for item in items]
+    latent_rvs = [model[name] for name in names if name in model.named_vars]
+    if not latent_rvs or not model.deterministics:
+        return model  # marginalize_laplace reports bad names
+    fgraph, memo = fgraph_from_model(model, inlined_views=True)
+    latent_fg = {memo[rv] for rv in latent_rvs}
+    dropped = [
+        out
+        for out in fgraph.outputs
+        if isinstance(out.owner.op, ModelDeterministic)
+        and latent_fg & set(ancestors([out.owner.inputs[0]]))
+    ]
+    if not dropped:
+        return model
+    for out in dropped:
+        fgraph.remove_output(fgraph.outputs.index(out))
+    new_model = model_from_fgraph(fgraph, mutate_fgraph=True)
+    order = {rv.name: i for i, rv in enumerate(model.free_RVs)}  # keep the user's order
+    new_model.free_RVs.sort(key=lambda rv: order[rv.name])
+    return new_model
 
 
 # --- the target: log p(θ, y) and its gradient in the flat unconstrained space --------------------
@@ -624,7 +657,7 @@ def ccd_log_weights(m: int) -> np.ndarray:
 
 def _resolution_five_fraction(m: int) -> np.ndarray:
     """A 2^(m−p) two-level design (±1) of resolution ≥ V with the fewest base factors found."""
-    for base in range(min(m, 5), m + 1):
+    for base in range(min(m, 4), m + 1):  # a word of length ≥ 5 needs ≥ 4 base letters
         generators = _generators(base, m - base)
         if generators is not None:
             full = np.array(list(itertools.product([-1.0, 1.0], repeat=base)))
