@@ -141,11 +141,17 @@ def run(problem: str, make, latent, names, reference_draws: int):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--problems", default="seeds,poisson", help="comma-separated subset of seeds,poisson"
+    )
     args = parser.parse_args()
     warnings.filterwarnings("ignore", category=UserWarning)
     reference_draws = 1000 if args.quick else 4000
-    problems = [("Seeds", seeds, ["alpha0", "alpha1", "alpha2", "alpha12", "b"], ["tau"])]
-    if not args.quick:
+    wanted = args.problems.split(",")
+    problems = []
+    if "seeds" in wanted:
+        problems.append(("Seeds", seeds, ["alpha0", "alpha1", "alpha2", "alpha12", "b"], ["tau"]))
+    if "poisson" in wanted and not args.quick:
         problems.append(
             ("Poisson G=300", lambda centered: poisson(300, centered), "u", ["mu", "sigma"])
         )
