@@ -7,6 +7,7 @@ from pymc_optim.backends import vectorize as _vectorize  # noqa: F401  (native b
 from pymc_optim.graph.diagnostics import SolverInfo, solution_info, solver_trace
 from pymc_optim.graph.trace import SolveTrace
 from pymc_optim.model.agents import Equilibrium, Optimum
+from pymc_optim.model.inla import fit_inla, plot_inla_marginals
 from pymc_optim.model.laplace import marginalize_laplace, recover_latent
 from pymc_optim.problems.constrained import LagrangeMultipliers, lagrange_multipliers
 from pymc_optim.problems.fixed_point import fixed_point
@@ -24,11 +25,13 @@ __all__ = [
     "PymcOptimWarning",
     "SolveTrace",
     "SolverInfo",
+    "fit_inla",
     "fixed_point",
     "lagrange_multipliers",
     "marginalize_laplace",
     "minimize",
     "minimize_scalar",
+    "plot_inla_marginals",
     "recover_latent",
     "root",
     "root_scalar",
