@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
+import pymc as pm
 import pytensor
 import pytensor.tensor as pt
 import pytest
@@ -328,3 +329,45 @@ def _scipy_minimize(case: Case, problem):
         elif case.method in HESSP_METHODS:
             kwargs["hessp"] = lambda z, p: ref.hessp(values, z, p)
     return optimize.minimize(fun, z0, method=case.method, **kwargs, **case.optimizer_kwargs)
+
+
+# --- a failed solve inside a sampled model (issue 17, defect 1) ------------------------------
+
+INVESTOR_MU = np.array([0.08, 0.06, 0.05, 0.03])
+INVESTOR_SD = np.array([0.2, 0.15, 0.1, 0.05])
+
+
+def mean_variance_investor():
+    """Written the natural way: unshaped `w`, a penalty for the budget, default BFGS."""
+    with pm.Model() as model:
+        gamma = pm.LogNormal("gamma", 1.0, 1.0)
+        w = pt.vector("w")
+        utility_loss = -(w @ INVESTOR_MU) + 0.5 * gamma * ((w * INVESTOR_SD) ** 2).sum()
+        w_star, success = pmo.minimize(
+            utility_loss + 100.0 * (w.sum() - 1.0) ** 2, w, x0=np.full(4, 0.25)
+        )
+        pm.Potential("solved", pt.switch(success, 0.0, -np.inf))
+        pm.Normal("portfolio_return", (w_star * INVESTOR_MU).sum(), 0.01, observed=0.06)
+    return model
+
+
+def test_a_failed_solve_in_a_model_gives_minus_inf_and_a_gradient_of_the_right_shape():
+    # At log γ = -40 the solve fails with a NaN Hessian: logp is -inf and the gradient keeps
+    # the value's shape (it crashed with a DimShuffle squeeze error).
+    fn = mean_variance_investor().logp_dlogp_function(ravel_inputs=True)
+    fn.set_extra_values({})
+    logp, dlogp = fn(np.array([-40.0]))
+    assert logp == -np.inf
+    assert dlogp.shape == (1,)
+    logp, dlogp = fn(np.array([1.0]))
+    assert np.isfinite(logp) and np.isfinite(dlogp).all()
+
+
+@pytest.mark.slow
+def test_sampling_the_mean_variance_investor_rejects_failed_solves_and_completes():
+    # Early tuning visits extreme risk aversions where BFGS fails: those points are rejected
+    # (divergences) instead of stopping the sampler.
+    with mean_variance_investor():
+        idata = pm.sample(draws=100, tune=100, chains=2, cores=2, random_seed=1, progressbar=False)
+    assert idata.posterior["gamma"].shape == (2, 100)
+    assert np.isfinite(idata.posterior["gamma"]).all()

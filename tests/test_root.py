@@ -180,13 +180,6 @@ def test_parameter_scaling_a_vanishing_equation_has_zero_gradient():
     assert abs(grads["e"]) < 1e-12
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="pytensor's Solve returns NaN shaped like A (n, n) when A is singular; the pullback's "
-    "one-column b (n, 1) does not protect against it (the default rewrites turn [..., 0] into a "
-    "Squeeze that fails; FAST_COMPILE fails in a reshape).",
-)
 def test_gradient_at_a_singular_jacobian_is_nan_not_an_error():
     p, q, a = pt.scalar("p"), pt.scalar("q"), pt.scalar("a")
     # hybr finds the root (a, 0) exactly and reports success, but ∂F/∂x = diag(1, 3q²) is

@@ -238,12 +238,6 @@ def test_a_nan_gradient_gives_success_false(x, a, b):
     assert not fn(A_VAL, -1.0)
 
 
-@pytest.mark.xfail(
-    reason="bug (pytensor Solve.perform): when the implicit linear solve raises LinAlgError, "
-    "pytensor fills its output with NaN of the *matrix's* shape, so the gradient of a failed "
-    "solve has shape (2, 2) instead of (2,)",
-    strict=True,
-)
 def test_the_gradient_of_a_failed_solve_is_nan_of_the_right_shape(x, a, b):
     x_star, success = pmo.minimize(pt.sqrt(b) * ((x - a) ** 2).sum(), x, x0=np.zeros(2))
     fn = pytensor.function([a, b], [success, pt.grad(x_star.sum(), a)])
