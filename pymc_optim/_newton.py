@@ -9,6 +9,7 @@ form); no scipy. Under the default backend `perform` runs the numpy loop of
 from __future__ import annotations
 
 from pymc_optim import _iterations
+from pymc_optim._checks import check_iteration_limit, check_tolerance
 from pymc_optim._implicit import OptimalityCondition
 from pymc_optim._inner_graph import InnerProblem
 from pymc_optim._scipy import Packer
@@ -30,13 +31,10 @@ def newton_options(optimizer_kwargs: dict) -> dict:
             "`optimizer_kwargs` of `method='newton'` takes only 'tol' and 'max_iter'; got "
             f"{sorted(unknown)}."
         )
-    tol = float(optimizer_kwargs.get("tol", DEFAULT_TOL))
-    max_iter = int(optimizer_kwargs.get("max_iter", DEFAULT_MAX_ITER))
-    if not tol > 0 or max_iter < 1:
-        raise ValueError(
-            f"`optimizer_kwargs` needs tol > 0 and max_iter ≥ 1; got tol={tol}, "
-            f"max_iter={max_iter}."
-        )
+    tol = check_tolerance(optimizer_kwargs.get("tol", DEFAULT_TOL), "optimizer_kwargs['tol']")
+    max_iter = check_iteration_limit(
+        optimizer_kwargs.get("max_iter", DEFAULT_MAX_ITER), "optimizer_kwargs['max_iter']"
+    )
     return {"tol": tol, "max_iter": max_iter}
 
 

@@ -7,13 +7,15 @@ from collections.abc import Sequence
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_optim import _iterations
-from pymc_optim._checks import check_method
+from pymc_optim._checks import check_iteration_limit, check_method, check_tolerance
 from pymc_optim._implicit import OptimalityCondition
 from pymc_optim._inner_graph import (
     InnerProblem,
     as_control_variables,
+    as_expression,
     build_inner_problem,
     cast_initial_guess,
+    check_block_size,
 )
 from pymc_optim._linear import _concat_flat, as_linear_structure
 from pymc_optim._newton import DEFAULT_TOL, NewtonOp
@@ -97,18 +99,27 @@ def fixed_point(
             f"`update` must give one expression per variable in `x`; got {len(updates)} for "
             f"{len(xs)}."
         )
-    for xi, ui in zip(xs, updates, strict=True):
+    updates = [as_expression(u, "update") for u in updates]
+    x0s = cast_initial_guess(x0, xs, is_list)
+    for xi, x0i, ui in zip(xs, x0s, updates, strict=True):
         if ui.type.ndim != xi.type.ndim:
             raise ValueError(
                 f"`update` must be shaped like `x`; got {ui.type.ndim} dimensions for `{xi}` with "
                 f"{xi.type.ndim}."
             )
+        if any(
+            u is not None and s is not None and u != s
+            for u, s in zip(ui.type.shape, x0i.type.shape, strict=True)
+        ):
+            raise ValueError(
+                f"`update` must be shaped like `x`; got shape {ui.type.shape} for `{xi}` of shape "
+                f"{x0i.type.shape}. T(x) maps x to a value of the same shape."
+            )
     method = check_method(method, FIXED_POINT_METHODS, "fixed_point")
-    if not tol > 0 or max_iter < 1:
-        raise ValueError(
-            f"`tol` must be positive and `max_iter` at least 1; got tol={tol}, max_iter={max_iter}."
-        )
+    tol = check_tolerance(tol, "tol")
+    max_iter = check_iteration_limit(max_iter, "max_iter")
     structure = as_linear_structure(structure, block_size)
+    check_block_size(structure, x0s)
     problem = build_inner_problem(updates, xs, argument="update")
     residual = [xi - ti for xi, ti in zip(problem.inner_xs, problem.inner_outputs, strict=True)]
     condition = OptimalityCondition(
@@ -127,7 +138,7 @@ def fixed_point(
         )
     else:
         op = FixedPointOp(problem, condition=condition, method=method, tol=tol, max_iter=max_iter)
-    return make_solution(op, cast_initial_guess(x0, xs, is_list), [], is_list)
+    return make_solution(op, x0s, [], is_list)
 
 
 class FixedPointOp(SolverOp):

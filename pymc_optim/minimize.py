@@ -15,8 +15,10 @@ from pymc_optim._implicit import OptimalityCondition
 from pymc_optim._inner_graph import (
     InnerProblem,
     as_control_variables,
+    as_expression,
     build_inner_problem,
     cast_initial_guess,
+    check_block_size,
 )
 from pymc_optim._linear import as_linear_structure
 from pymc_optim._newton import NewtonOp, newton_options
@@ -153,6 +155,7 @@ def minimize(
     >>> pt.grad(x_star.sum(), a).eval({a: [1.0, 2.0]}).round(6)
     array([1., 1.])
     """
+    objective = as_expression(objective, "objective")
     if bounds is not None or constraints is not None:
         if not (jac and not hess and structure == "dense" and block_size is None):
             raise ValueError(
@@ -184,6 +187,8 @@ def minimize(
         )
     method = check_method(method, MINIMIZE_METHODS, "minimize")
     structure = as_linear_structure(structure, block_size)
+    x0s = cast_initial_guess(x0, xs, is_list)
+    check_block_size(structure, x0s)
     if method == "newton" and (hess or not jac):
         raise ValueError("`method='newton'` always uses exact derivatives; drop `jac`/`hess`.")
     if method in _NEEDS_JAC and not jac:
@@ -245,6 +250,7 @@ def minimize(
             **newton_options(options),
         )
     else:
+        _scipy.check_scipy_options("minimize", method, options)
         op = MinimizeOp(
             problem,
             condition=condition,
@@ -254,7 +260,7 @@ def minimize(
             options=options,
             no_gradient=no_gradient,
         )
-    return make_solution(op, cast_initial_guess(x0, xs, is_list), [], is_list)
+    return make_solution(op, x0s, [], is_list)
 
 
 class MinimizeOp(SolverOp):

@@ -13,7 +13,12 @@ from pytensor.tensor.variable import TensorVariable
 from pymc_optim import _scipy
 from pymc_optim._checks import check_method, check_optimizer_kwargs
 from pymc_optim._implicit import OptimalityCondition
-from pymc_optim._inner_graph import InnerProblem, build_inner_problem, cast_initial_guess
+from pymc_optim._inner_graph import (
+    InnerProblem,
+    as_expression,
+    build_inner_problem,
+    cast_initial_guess,
+)
 from pymc_optim._newton import NewtonOp, newton_options
 from pymc_optim._scalar import as_interval, as_scalar_control, as_scalar_expression
 from pymc_optim._solver_op import SolverOp, make_solution
@@ -95,7 +100,7 @@ def minimize_scalar(
     (1.0, 0.0)
     """
     x = as_scalar_control(x, "minimize_scalar", "minimize")
-    objective = as_scalar_expression(objective, "objective")
+    objective = as_scalar_expression(as_expression(objective, "objective"), "objective")
     method = check_method(method, MINIMIZE_SCALAR_METHODS, "minimize_scalar")
     if method == "bounded" and bounds is None:
         raise ValueError("`method` 'bounded' needs `bounds=(lower, upper)`.")
@@ -135,6 +140,7 @@ def minimize_scalar(
             **newton_options(options),
         )
     else:
+        _scipy.check_scipy_options("minimize_scalar", method, options)
         op = MinimizeScalarOp(
             problem,
             method=method,

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-import pytensor.tensor as pt
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_optim import _scipy
@@ -14,8 +13,10 @@ from pymc_optim._implicit import OptimalityCondition
 from pymc_optim._inner_graph import (
     InnerProblem,
     as_control_variables,
+    as_expression,
     build_inner_problem,
     cast_initial_guess,
+    check_block_size,
 )
 from pymc_optim._linear import as_linear_structure
 from pymc_optim._newton import NewtonOp, newton_options
@@ -108,11 +109,12 @@ def root(
     """
     xs, is_list = as_control_variables(x)
     equations = [
-        pt.as_tensor_variable(e)
+        as_expression(e, "equations")
         for e in (equations if isinstance(equations, list | tuple) else [equations])
     ]
     n_equations = _static_size(equations)
-    n_unknowns = _static_size(xs)
+    x0s = cast_initial_guess(x0, xs, is_list)
+    n_unknowns = _static_size(x0s)  # x* takes x0's type: its static shape counts too
     if n_equations is not None and n_unknowns is not None and n_equations != n_unknowns:
         raise ValueError(
             f"`equations` must have as many elements as `x` (a square system); got "
@@ -129,6 +131,7 @@ def root(
         },
     )
     structure = as_linear_structure(structure, block_size)
+    check_block_size(structure, x0s)
     problem = build_inner_problem(equations, xs, argument="equations")
     condition = OptimalityCondition(
         problem.inner_xs,
@@ -147,6 +150,7 @@ def root(
             **newton_options(options),
         )
     else:
+        _scipy.check_scipy_options("root", method, options)
         op = RootOp(
             problem,
             condition=condition,
@@ -154,7 +158,7 @@ def root(
             jac=jac and method in _USES_JAC,
             options=options,
         )
-    return make_solution(op, cast_initial_guess(x0, xs, is_list), [], is_list)
+    return make_solution(op, x0s, [], is_list)
 
 
 class RootOp(SolverOp):

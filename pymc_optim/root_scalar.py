@@ -10,7 +10,12 @@ from pytensor.tensor.variable import TensorVariable
 from pymc_optim import _scipy
 from pymc_optim._checks import check_method, check_optimizer_kwargs
 from pymc_optim._implicit import OptimalityCondition
-from pymc_optim._inner_graph import InnerProblem, build_inner_problem, cast_initial_guess
+from pymc_optim._inner_graph import (
+    InnerProblem,
+    as_expression,
+    build_inner_problem,
+    cast_initial_guess,
+)
 from pymc_optim._newton import NewtonOp, newton_options
 from pymc_optim._scalar import as_interval, as_scalar_control, as_scalar_expression
 from pymc_optim._solver_op import SolverOp, make_solution
@@ -80,7 +85,7 @@ def root_scalar(
     (2.0, 0.25)
     """
     x = as_scalar_control(x, "root_scalar", "root")
-    equation = as_scalar_expression(equation, "equation")
+    equation = as_scalar_expression(as_expression(equation, "equation"), "equation")
     method = check_method(method, ROOT_SCALAR_METHODS, "root_scalar")
     if method in BRACKETING_METHODS and bracket is None:
         raise ValueError(
@@ -116,6 +121,7 @@ def root_scalar(
             **newton_options(options),
         )
     else:
+        _scipy.check_scipy_options("root_scalar", method, options)
         op = RootScalarOp(
             problem,
             condition=condition,

@@ -239,3 +239,21 @@ def _scipy_root(case: Case, problem):
     return optimize.root(
         lambda z: sign * ref.equations(values, z), z0, method=case.method, **case.optimizer_kwargs
     )
+
+
+# --------------------------------------------------------------------------------------------
+# sizes known only at run time (issue 17, defect 2)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["hybr", "lm", "broyden1", "newton"])
+@pytest.mark.parametrize("n_equations", [2, 4])
+def test_equations_of_another_size_at_run_time_give_success_false(method, n_equations):
+    # 3 unknowns; the equations' size comes from `a`, known only at run time. hybr raised
+    # scipy's TypeError from `perform`, and lm solved 4 equations as least squares.
+    x, a = pt.vector("x"), pt.vector("a")
+    x_star, success = pmo.root(x[:1].sum() + x.sum() - a, x, x0=np.zeros(3), method=method)
+    fn = pytensor.function([a], [x_star, success])
+    x_value, ok = fn(np.arange(1.0, n_equations + 1))
+    assert not ok
+    assert x_value.shape == (3,)
