@@ -43,6 +43,12 @@ class InnerProblem:
     inner_outputs: list[TensorVariable]
     outer_params: list[TensorVariable]
 
+    def __reduce__(self):
+        # The outer parameters are the user's graph (for PyMC models, variables holding
+        # unpicklable repr partials); they are only needed to apply the Op, when the graph is
+        # built. A pickled Op (compile_logp(), pm.sample with cores > 1) keeps the inner graph.
+        return (InnerProblem, (self.inner_xs, self.inner_params, self.inner_outputs, []))
+
     def with_parameters(self, outer: Sequence[TensorVariable]) -> tuple[InnerProblem, list]:
         """Add solver parameters that are not in the user's graph (e.g. bounds).
 

@@ -31,6 +31,12 @@ __all__ = [
 #: the input and output shape"); everything knowable earlier is refused when the graph is built.
 _SOLVER_ERRORS = (ValueError, TypeError, RuntimeError, ArithmeticError, np.linalg.LinAlgError)
 
+#: `root` succeeds where max|F(x*)| is at most this at the returned point: graph-native Newton's
+#: default tolerance, and what the 0-d form (scalar Newton, see _rewrites) checks.
+ROOT_RESIDUAL_TOL = 1e-8
+#: Methods of scipy.optimize.root whose stopping rule is not a test of the residual.
+_STEP_TESTED_ROOT_METHODS = {"hybr", "lm"}
+
 #: scipy's implementation of each method (module of scipy.optimize, function): its keyword
 #: parameters are the method's ``options``, as :func:`scipy.optimize.show_options` documents.
 _IMPLEMENTATIONS = {
@@ -334,9 +340,35 @@ def root(
     except _SOLVER_ERRORS as err:
         note(f"{type(err).__name__}: {err}")
         return packer.failed(), False, -1, -1
-    note(res.message)
-    success = bool(res.success) and bool(np.all(np.isfinite(res.x)))
+    success = _root_success(method, res, fun, use_jac)
     return packer.unpack(res.x), success, getattr(res, "nit", -1), getattr(res, "nfev", -1)
+
+
+def _root_success(method: str, res, fun, use_jac: bool) -> bool:
+    """Whether the returned point solves the equations: max|F(x*)| ≤ ROOT_RESIDUAL_TOL there.
+
+    scipy's own status is only a hint. hybr and lm stop on the size of their steps or on the
+    decrease of ‖F‖², not on ‖F‖: hybr reports "not making good progress" at residuals of
+    1e-16, and lm reports success at a local minimum of ‖F‖² that is not a root (|F| = 1). The
+    other methods stop on the residual itself (``fatol``, default 6e-6, for the nonlinear
+    solvers; ``fatol + ftol·‖F(x0)‖`` for df-sane): their reported success is kept as well.
+    """
+    if not np.all(np.isfinite(res.x)):
+        return False
+    try:
+        F = fun(res.x)
+    except _SOLVER_ERRORS as err:
+        note(f"{res.message}; the residual at the returned point raised {type(err).__name__}")
+        return False
+    residual = float(np.max(np.abs(F[0] if use_jac else F), initial=0.0))
+    if residual <= ROOT_RESIDUAL_TOL:
+        note(f"{res.message} (accepted: max|F| = {residual:.3g} ≤ {ROOT_RESIDUAL_TOL:g})")
+        return True
+    if bool(res.success) and method.lower() not in _STEP_TESTED_ROOT_METHODS:
+        note(res.message)
+        return bool(np.isfinite(residual))
+    note(f"{res.message} (refused: max|F| = {residual:.3g} > {ROOT_RESIDUAL_TOL:g})")
+    return False
 
 
 def _square(F: np.ndarray, z: np.ndarray) -> np.ndarray:

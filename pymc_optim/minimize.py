@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import pytensor.tensor as pt
 from pytensor.gradient import NullTypeGradError, grad
 from pytensor.tensor.variable import TensorVariable
@@ -23,6 +24,7 @@ from pymc_optim._inner_graph import (
 from pymc_optim._linear import as_linear_structure
 from pymc_optim._newton import NewtonOp, newton_options
 from pymc_optim._solver_op import SolverOp, make_solution
+from pymc_optim._trace import note
 from pymc_optim._warnings import PymcOptimWarning
 from pymc_optim.constrained import constrained_minimize
 
@@ -120,7 +122,11 @@ def minimize(
     x_star : TensorVariable or list of TensorVariable
         The minimizer, shaped like `x`. NaN where the solver raised.
     success : TensorVariable
-        Boolean scalar: whether scipy reported convergence.
+        Boolean scalar: scipy reported convergence *and* x* is a minimum: the Hessian there is
+        positive semidefinite up to a relative 1.5e-8 (a saddle or a maximum, where the gradient
+        vanishes too, is a failure). The check costs one Hessian at x* (in the compact form of
+        `structure`) and one Cholesky factorization; it is skipped when the objective's
+        gradient cannot be built.
 
     Raises
     ------
@@ -313,6 +319,9 @@ class MinimizeOp(SolverOp):
             fns = {"value_and_grad": ([], [self.value, *self._gradients])}
         else:
             fns = {"value": ([], [self.value])}
+        if self.no_gradient is None:
+            # ∇²f at x* in the structure's compact form, for the curvature check of `solve`
+            fns["curvature"] = ([], [self.condition.jacobian()])
         if self.hess:
             fns["hess"] = ([], [self.condition.jacobian_matrix()])
         if self._uses_hessp:
@@ -323,7 +332,7 @@ class MinimizeOp(SolverOp):
         return fns
 
     def solve(self, fns, x0s, params, extras):
-        return _scipy.minimize(
+        x_stars, success, n_iterations, n_evaluations = _scipy.minimize(
             fns,
             x0s,
             params,
@@ -333,3 +342,33 @@ class MinimizeOp(SolverOp):
             use_hessp=self._uses_hessp,
             options=self.options,
         )
+        if success and "curvature" in fns:
+            hessian = fns["curvature"](*x_stars, *params)[0]
+            if not _is_positive_semidefinite(hessian, self.condition.structure.kind):
+                note("refused: the Hessian at x* is not positive semidefinite (not a minimum)")
+                success = False
+        return x_stars, success, n_iterations, n_evaluations
+
+
+#: Curvature check at x*: λ_min(∇²f) ≥ −tol·max(1, max|∇²f|). The Hessian is exact at the
+#: returned point, which is off x* by the solver's tolerance, so a minimum's Hessian is PSD up to
+#: rounding and that offset; √eps of the Hessian's scale leaves room for both, while a saddle or
+#: maximum (λ_min of the size of the Hessian itself) is refused. Singular minima (x⁴) pass.
+_CURVATURE_TOL = 1.5e-8
+
+
+def _is_positive_semidefinite(hessian: np.ndarray, kind: str) -> bool:
+    """Whether the symmetric `hessian` (compact form of structure `kind`) is PSD up to
+    _CURVATURE_TOL: a Cholesky factorization of H + τI succeeds (one O(n³), or O(G b³), pass)."""
+    hessian = np.asarray(hessian, dtype="float64")
+    if not np.all(np.isfinite(hessian)):
+        return False
+    tau = _CURVATURE_TOL * max(1.0, float(np.max(np.abs(hessian), initial=0.0)))
+    if kind == "diagonal":
+        return bool(np.all(hessian >= -tau))
+    shifted = 0.5 * (hessian + np.swapaxes(hessian, -1, -2)) + tau * np.eye(hessian.shape[-1])
+    try:
+        np.linalg.cholesky(shifted)
+    except np.linalg.LinAlgError:
+        return False
+    return True

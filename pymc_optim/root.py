@@ -80,7 +80,12 @@ def root(
     x_star : TensorVariable or list of TensorVariable
         The root, shaped like `x`. NaN where the solver raised.
     success : TensorVariable
-        Boolean scalar: whether scipy reported convergence.
+        Boolean scalar: whether the returned point solves the equations, max|F(x*)| ≤ 1e-8
+        (``ROOT_RESIDUAL_TOL``, Newton's default tolerance). scipy's status is only a hint:
+        "hybr" may report no progress at a residual of 1e-16 (success here) and "lm" success at
+        a local minimum of ‖F‖² that is no root (failure here). The methods whose own stopping
+        rule is a residual test (the nonlinear solvers' ``fatol``, df-sane) keep their reported
+        success as well.
 
     Raises
     ------

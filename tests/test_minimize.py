@@ -371,3 +371,22 @@ def test_sampling_the_mean_variance_investor_rejects_failed_solves_and_completes
         idata = pm.sample(draws=100, tune=100, chains=2, cores=2, random_seed=1, progressbar=False)
     assert idata.posterior["gamma"].shape == (2, 100)
     assert np.isfinite(idata.posterior["gamma"]).all()
+
+
+@pytest.mark.parametrize("method", ["BFGS", "CG", "L-BFGS-B"])
+def test_a_stationary_point_that_is_not_a_minimum_is_not_a_success(method):
+    # ((x² − 1)²) has a maximum at 0 in each coordinate: started there, the gradient vanishes
+    # and scipy reports success (issue 17, defect 4); the Hessian at x*, −4I, says otherwise
+    x, c = pt.vector("x"), pt.scalar("c")
+    x_star, success = pmo.minimize((c * (x**2 - 1) ** 2).sum(), x, x0=np.zeros(2), method=method)
+    fn = pytensor.function([c], [x_star, success])
+    x_value, ok = fn(1.0)
+    assert_allclose(x_value, 0.0, atol=1e-12)
+    assert not ok
+    # a genuine minimum from a regular start still succeeds
+    x_star, success = pmo.minimize(
+        (c * (x**2 - 1) ** 2).sum(), x, x0=np.full(2, 0.5), method=method
+    )
+    x_value, ok = pytensor.function([c], [x_star, success])(1.0)
+    assert ok
+    assert_allclose(np.abs(x_value), 1.0, rtol=1e-4)

@@ -257,3 +257,30 @@ def test_equations_of_another_size_at_run_time_give_success_false(method, n_equa
     x_value, ok = fn(np.arange(1.0, n_equations + 1))
     assert not ok
     assert x_value.shape == (3,)
+
+
+# --------------------------------------------------------------------------------------------
+# success is decided on the residual at the returned point (issue 17, defect 4)
+# --------------------------------------------------------------------------------------------
+
+
+def test_hybr_solving_a_linear_system_to_rounding_is_a_success():
+    rng = np.random.default_rng(0)
+    A, b = rng.normal(size=(4, 4)), rng.normal(size=4)
+    # scipy's own verdict on this system: "not making good progress", at a residual of 2e-16
+    reference = optimize.root(lambda z: (A @ z - b, A), np.zeros(4), jac=True, method="hybr")
+    assert not reference.success and np.abs(A @ reference.x - b).max() < 1e-14
+    x, A_var, b_var = pt.vector("x"), pt.matrix("A"), pt.vector("b")
+    x_star, success = pmo.root(A_var @ x - b_var, x, x0=np.zeros(4))
+    x_value, ok = pytensor.function([A_var, b_var], [x_star, success])(A, b)
+    assert ok
+    assert_allclose(x_value, np.linalg.solve(A, b), rtol=1e-12)
+
+
+def test_lm_at_a_minimum_of_the_squares_that_is_no_root_is_a_failure():
+    x, a = pt.vector("x"), pt.scalar("a")
+    # x₀² + 1 = 0 has no solution: lm stops at x₀ = 0, |F| = 1, and scipy reports success
+    x_star, success = pmo.root(pt.stack([x[0] ** 2 + 1.0, x[1] - a]), x, x0=np.ones(2), method="lm")
+    x_value, ok = pytensor.function([a], [x_star, success])(2.0)
+    assert not ok
+    assert_allclose(x_value, [0.0, 2.0], atol=1e-6)
