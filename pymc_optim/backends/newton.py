@@ -15,30 +15,12 @@ from pymc_optim.graph.inner_graph import InnerProblem
 from pymc_optim.graph.solver_op import SolverOp
 from pymc_optim.implicit import OptimalityCondition
 
-__all__ = ["DEFAULT_MAX_ITER", "DEFAULT_TOL", "NewtonOp", "newton_options"]
+__all__ = ["DEFAULT_MAX_ITER", "DEFAULT_TOL", "NewtonOp"]
 
 #: Stop when max|F| ≤ tol: Newton converges quadratically, so 1e-8 costs one step more than 1e-4.
 DEFAULT_TOL = 1e-8
 #: Newton needs few steps when it works; 100 leaves room for damped steps far from the solution.
 DEFAULT_MAX_ITER = 100
-
-
-def newton_options(optimizer_kwargs: dict) -> dict:
-    """`tol` and `max_iter` from the user's `optimizer_kwargs` (the only ones Newton takes)."""
-    unknown = set(optimizer_kwargs) - {"tol", "max_iter"}
-    if unknown:
-        raise ValueError(
-            "`optimizer_kwargs` of `method='newton'` takes only 'tol' and 'max_iter'; got "
-            f"{sorted(unknown)}."
-        )
-    tol = float(optimizer_kwargs.get("tol", DEFAULT_TOL))
-    max_iter = int(optimizer_kwargs.get("max_iter", DEFAULT_MAX_ITER))
-    if not tol > 0 or max_iter < 1:
-        raise ValueError(
-            f"`optimizer_kwargs` needs tol > 0 and max_iter ≥ 1; got tol={tol}, "
-            f"max_iter={max_iter}."
-        )
-    return {"tol": tol, "max_iter": max_iter}
 
 
 class NewtonOp(SolverOp):

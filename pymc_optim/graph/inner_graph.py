@@ -16,8 +16,11 @@ from pytensor.tensor.variable import TensorVariable
 __all__ = [
     "InnerProblem",
     "as_control_variables",
+    "as_expression",
     "build_inner_problem",
     "cast_initial_guess",
+    "check_block_size",
+    "check_initial_guess",
     "static_size",
 ]
 
@@ -38,6 +41,12 @@ class InnerProblem:
     inner_params: list[TensorVariable]
     inner_outputs: list[TensorVariable]
     outer_params: list[TensorVariable]
+
+    def __reduce__(self):
+        # The outer parameters are the user's graph (for PyMC models, variables holding
+        # unpicklable repr partials); they are only needed to apply the Op, when the graph is
+        # built. A pickled Op (compile_logp(), pm.sample with cores > 1) keeps the inner graph.
+        return (InnerProblem, (self.inner_xs, self.inner_params, self.inner_outputs, []))
 
     def with_parameters(self, outer: Sequence[TensorVariable]) -> tuple[InnerProblem, list]:
         """Add solver parameters that are not in the user's graph (e.g. bounds).
@@ -86,6 +95,46 @@ def as_control_variables(x, argument: str = "x") -> tuple[list[TensorVariable], 
     return xs, is_list
 
 
+def as_expression(value, argument: str) -> TensorVariable:
+    """`value` (the objective, equations, an update, a constraint's `fun`) as a tensor variable:
+    a symbolic expression of `x`, not None or a Python function."""
+    if value is None:
+        raise TypeError(
+            f"`{argument}` must be a PyTensor expression of `x` and the parameters; got None. "
+            "Build it from `x`, e.g. `((x - a) ** 2).sum()`."
+        )
+    if callable(value) and not isinstance(value, Variable):
+        name = getattr(value, "__name__", type(value).__name__)
+        raise TypeError(
+            f"`{argument}` must be a symbolic PyTensor expression of `x`, not a Python function; "
+            f"got `{name}`. Call it on the symbolic variable instead, e.g. pass `{name}(x)`."
+        )
+    try:
+        return pt.as_tensor_variable(value)
+    except (TypeError, ValueError, NotImplementedError) as err:
+        raise TypeError(
+            f"`{argument}` must be a PyTensor expression of `x` and the parameters; got "
+            f"{type(value).__name__} {value!r}, which is not a tensor ({err})."
+        ) from None
+
+
+def check_block_size(structure, xs: Sequence[TensorVariable]) -> None:
+    """A block-diagonal structure's `block_size` must divide x's total size (checked where
+    that size is known statically; otherwise the solve reports failure at run time)."""
+    if structure.kind != "block_diagonal":
+        return
+    shapes = [x.type.shape for x in xs]
+    if any(None in shape for shape in shapes):
+        return
+    size = sum(int(np.prod(shape, dtype=int)) for shape in shapes)
+    if size % structure.block_size:
+        raise ValueError(
+            f"`block_size` must divide the size of `x` (blocks of consecutive elements); got "
+            f"block_size={structure.block_size} for `x` of size {size}. Choose a divisor of "
+            f"{size}, or `structure='dense'`."
+        )
+
+
 def cast_initial_guess(x0, xs: Sequence[TensorVariable], is_list: bool) -> list[TensorVariable]:
     """Turn `x0` (None, numbers, arrays or expressions) into one outer variable per control."""
     if x0 is None:
@@ -97,13 +146,7 @@ def cast_initial_guess(x0, xs: Sequence[TensorVariable], is_list: bool) -> list[
         )
     out = []
     for xi, x0i in zip(xs, x0s, strict=True):
-        x0i = pt.as_tensor_variable(x0i)
-        if x0i.ndim > xi.ndim:
-            raise ValueError(
-                f"`x0` for `{xi}` must have at most {xi.ndim} dimensions like `x`; "
-                f"got {x0i.ndim} dimensions."
-            )
-        x0i = x0i.astype(xi.type.dtype)
+        x0i = check_initial_guess(x0i, xi)
         if x0i.ndim < xi.ndim:
             if None in xi.type.shape:
                 raise ValueError(
@@ -114,6 +157,32 @@ def cast_initial_guess(x0, xs: Sequence[TensorVariable], is_list: bool) -> list[
             x0i = pt.broadcast_to(x0i, xi.type.shape)
         out.append(pt.specify_shape(x0i, xi.type.shape))
     return out
+
+
+def check_initial_guess(x0, x: TensorVariable) -> TensorVariable:
+    """`x0` as a tensor of `x`'s dtype: real, at most `x`'s dimensions, and of `x`'s static
+    shape where both are known (a mismatch is refused here, not left to a run-time assertion)."""
+    x0 = pt.as_tensor_variable(x0)
+    if x0.type.dtype.startswith("complex"):
+        raise TypeError(
+            f"`x0` for `{x}` must be real, like `x` ({x.type.dtype}); got dtype "
+            f"{x0.type.dtype}. Pass the real part (`np.real(x0)`), or split a complex unknown "
+            "into its real and imaginary parts."
+        )
+    if x0.ndim > x.ndim:
+        raise ValueError(
+            f"`x0` for `{x}` must have at most {x.ndim} dimensions like `x`; "
+            f"got {x0.ndim} dimensions."
+        )
+    if x0.ndim == x.ndim and any(
+        a is not None and b is not None and a != b
+        for a, b in zip(x0.type.shape, x.type.shape, strict=True)
+    ):
+        raise ValueError(
+            f"`x0` for `{x}` must have `x`'s shape {x.type.shape}; got shape {x0.type.shape}. "
+            "Pass one initial value per element of `x` (or one number to broadcast)."
+        )
+    return x0.astype(x.type.dtype)
 
 
 def build_inner_problem(

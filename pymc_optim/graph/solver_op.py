@@ -22,8 +22,9 @@ from pymc_optim.implicit import OptimalityCondition, implicit_pullback
 __all__ = ["SolverOp", "make_solution"]
 
 #: Errors that evaluating the inner graph raises at parameters where the problem is undefined
-#: (PyMC's ParameterValueError is a ValueError).
-_INVALID_PARAMETERS = (ValueError, ArithmeticError, np.linalg.LinAlgError)
+#: (PyMC's ParameterValueError is a ValueError), or where sizes known only at run time disagree
+#: (numpy's and scipy's shape checks raise ValueError or TypeError).
+_INVALID_PARAMETERS = (ValueError, TypeError, ArithmeticError, np.linalg.LinAlgError)
 
 
 class SolverOp(Op, HasInnerGraph):
@@ -200,8 +201,8 @@ class SolverOp(Op, HasInnerGraph):
         for storage, x, inner in zip(output_storage, x_stars, self.problem.inner_xs, strict=False):
             storage[0] = np.asarray(x, dtype=inner.type.dtype).reshape(np.shape(x))
         output_storage[self.n_controls][0] = np.asarray(bool(success))
-        output_storage[self.n_controls + 1][0] = np.asarray(n_iterations, dtype="int64")
-        output_storage[self.n_controls + 2][0] = np.asarray(n_evaluations, dtype="int64")
+        output_storage[self.n_controls + 1][0] = _count(n_iterations)
+        output_storage[self.n_controls + 2][0] = _count(n_evaluations)
 
     def connection_pattern(self, node):
         # x* depends on the continuous parameters only (not on x0 or a bracket: the solution is
@@ -240,6 +241,13 @@ class SolverOp(Op, HasInnerGraph):
 
     def __str__(self):
         return f"{type(self).__name__}{{method={getattr(self, 'method', '?')}}}"
+
+
+def _count(n) -> np.ndarray:
+    """An iteration or evaluation count as int64; -1 where the solver gives none (scipy's
+    root_scalar reports NaN iterations when the equation is NaN at a bracket end)."""
+    n = np.asarray(n)
+    return np.asarray(n if np.isfinite(n) else -1, dtype="int64")
 
 
 def _compatible(inner: Variable, outer: Variable) -> Variable:

@@ -64,7 +64,11 @@ class OptimalityCondition:
 
     def residual_norm(self) -> TensorVariable:
         """‖F‖₂: what root-finding and fixed-point solvers report as their `value`."""
-        return pt.linalg.norm(self.flat_residual())
+        # Written on |F|: for a one-element F pytensor's rewrites turn sqrt(F²) into
+        # switch(F >= 0, F, nan), which is NaN for F < 0 (and norm(F) into that); on |F| ≥ 0
+        # the rewritten form is exact.
+        magnitude = pt.abs(self.flat_residual())
+        return pt.sqrt((magnitude * magnitude).sum())
 
     def jacobian(self) -> TensorVariable:
         """A = ∂F/∂x on the inner variables, in the compact form of `structure`."""

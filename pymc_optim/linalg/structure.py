@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytensor.tensor as pt
 from pytensor.gradient import grad, jacobian
+from pytensor.tensor.blockwise import Blockwise
+from pytensor.tensor.slinalg import Solve
 from pytensor.tensor.variable import TensorVariable
 
 __all__ = ["STRUCTURES", "LinearStructure", "as_linear_structure", "structure_from_pattern"]
@@ -63,9 +65,11 @@ class LinearStructure:
             A = A.mT
         if self.kind == "block_diagonal":
             rhs = rhs.reshape((-1, self.block_size))
-        # Solve as a one-column matrix: when A is singular or NaN (after a failed solve) the
-        # installed Solve returns NaN shaped like A, and a column keeps that the right shape.
-        y = pt.linalg.solve(A, rhs[..., None], assume_a=assume_a, b_ndim=2)[..., 0]
+        # A singular or NaN A (e.g. A at the NaN iterate of a failed solve) must give NaN of
+        # rhs's shape, which every backend's solve does except pytensor's Solve.perform (NaN
+        # shaped like A, which breaks the graph downstream): hence _FailSafeSolve. The
+        # one-column form is the one the structured-linalg rewrites recognise.
+        y = Blockwise(_FailSafeSolve(assume_a=assume_a, b_ndim=2))(A, rhs[..., None])[..., 0]
         return y.reshape((-1,))
 
     def logdet_positive_definite(self, A: TensorVariable) -> TensorVariable:
@@ -138,6 +142,22 @@ def structure_from_pattern(pattern: np.ndarray) -> LinearStructure:
         if n % b == 0 and np.all(rows // b == cols // b):
             return LinearStructure("block_diagonal", b)
     return LinearStructure("dense")
+
+
+class _FailSafeSolve(Solve):
+    """pytensor's `Solve`, except that when A is singular or not finite the Python
+    implementation returns NaN shaped like b (the output's type) instead of shaped like A.
+
+    The numba and JAX implementations of `Solve` (dispatched to for this subclass too) already
+    return NaN, or inf/NaN, of b's shape; pytensor's rewrites rebuild it as ``type(op)(**props)``,
+    which keeps the subclass.
+    """
+
+    def perform(self, node, inputs, outputs):
+        super().perform(node, inputs, outputs)
+        b = inputs[1]
+        if outputs[0][0].shape != b.shape:
+            outputs[0][0] = np.full(b.shape, np.nan, dtype=node.outputs[0].type.dtype)
 
 
 def _concat_flat(pieces) -> TensorVariable:

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+import numpy as np
 import pytensor.tensor as pt
 from pytensor.tensor.variable import TensorVariable
 
+from pymc_optim.backends.newton import DEFAULT_MAX_ITER, DEFAULT_TOL
 from pymc_optim.graph.inner_graph import InnerProblem, as_control_variables, build_inner_problem
 from pymc_optim.graph.trace import trace_limit
 from pymc_optim.rewrites.structured_linalg import structure_linalg
 
 __all__ = [
     "as_interval",
+    "check_iteration_limit",
+    "check_tolerance",
+    "newton_options",
     "split_problem",
     "as_scalar_control",
     "as_scalar_expression",
@@ -55,14 +60,56 @@ def check_optimizer_kwargs(
         return {}
     if not isinstance(optimizer_kwargs, Mapping):
         raise TypeError(
-            f"`optimizer_kwargs` must be a dict of keyword arguments for scipy; "
-            f"got {type(optimizer_kwargs).__name__}."
+            f"`optimizer_kwargs` must be a dict of keyword arguments for the solver; "
+            f"got {type(optimizer_kwargs).__name__} {optimizer_kwargs!r}. Pass a mapping, "
+            "e.g. `optimizer_kwargs={'tol': 1e-10}`."
         )
     for key, fix in reserved.items():
         if key in optimizer_kwargs:
             raise ValueError(f"`optimizer_kwargs` must not contain {key!r}: {fix}")
     trace_limit(optimizer_kwargs)  # validates pymc_optim's own "trace" key (see _trace)
     return dict(optimizer_kwargs)
+
+
+def check_iteration_limit(value, argument: str) -> int:
+    """`value` as an iteration limit: an integer ≥ 1 (a float such as 2.5 is refused, not
+    truncated)."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise ValueError(
+            f"`{argument}` must be an integer of at least 1 (an iteration limit); got "
+            f"{value!r}. Pass e.g. `{argument}=100`."
+        )
+    return int(value)
+
+
+def check_tolerance(value, argument: str) -> float:
+    """`value` as a convergence tolerance: a finite real number > 0."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float | np.integer | np.floating)
+        or not np.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(
+            f"`{argument}` must be positive and finite (a convergence tolerance); got "
+            f"{value!r}. Pass e.g. `{argument}=1e-8`."
+        )
+    return float(value)
+
+
+def newton_options(optimizer_kwargs: dict) -> dict:
+    """`tol` and `max_iter` from the user's `optimizer_kwargs` (the only ones Newton takes)."""
+    unknown = set(optimizer_kwargs) - {"tol", "max_iter"}
+    if unknown:
+        raise ValueError(
+            "`optimizer_kwargs` of `method='newton'` takes only 'tol' and 'max_iter'; got "
+            f"{sorted(unknown)}."
+        )
+    tol = check_tolerance(optimizer_kwargs.get("tol", DEFAULT_TOL), "optimizer_kwargs['tol']")
+    max_iter = check_iteration_limit(
+        optimizer_kwargs.get("max_iter", DEFAULT_MAX_ITER), "optimizer_kwargs['max_iter']"
+    )
+    return {"tol": tol, "max_iter": max_iter}
 
 
 # --- the scalar solvers (`minimize_scalar`, `root_scalar`) ---------------------------------------

@@ -10,12 +10,19 @@ from pymc_optim.backends.fixed_point import FixedPointOp
 from pymc_optim.backends.newton import DEFAULT_TOL, NewtonOp
 from pymc_optim.graph.inner_graph import (
     as_control_variables,
+    as_expression,
     cast_initial_guess,
+    check_block_size,
 )
 from pymc_optim.graph.solver_op import make_solution
 from pymc_optim.implicit import OptimalityCondition
 from pymc_optim.linalg.structure import as_linear_structure
-from pymc_optim.problems._arguments import check_method, split_problem
+from pymc_optim.problems._arguments import (
+    check_iteration_limit,
+    check_method,
+    check_tolerance,
+    split_problem,
+)
 
 __all__ = ["FIXED_POINT_METHODS", "fixed_point"]
 
@@ -94,18 +101,27 @@ def fixed_point(
             f"`update` must give one expression per variable in `x`; got {len(updates)} for "
             f"{len(xs)}."
         )
-    for xi, ui in zip(xs, updates, strict=True):
+    updates = [as_expression(u, "update") for u in updates]
+    x0s = cast_initial_guess(x0, xs, is_list)
+    for xi, x0i, ui in zip(xs, x0s, updates, strict=True):
         if ui.type.ndim != xi.type.ndim:
             raise ValueError(
                 f"`update` must be shaped like `x`; got {ui.type.ndim} dimensions for `{xi}` with "
                 f"{xi.type.ndim}."
             )
+        if any(
+            u is not None and s is not None and u != s
+            for u, s in zip(ui.type.shape, x0i.type.shape, strict=True)
+        ):
+            raise ValueError(
+                f"`update` must be shaped like `x`; got shape {ui.type.shape} for `{xi}` of shape "
+                f"{x0i.type.shape}. T(x) maps x to a value of the same shape."
+            )
     method = check_method(method, FIXED_POINT_METHODS, "fixed_point")
-    if not tol > 0 or max_iter < 1:
-        raise ValueError(
-            f"`tol` must be positive and `max_iter` at least 1; got tol={tol}, max_iter={max_iter}."
-        )
+    tol = check_tolerance(tol, "tol")
+    max_iter = check_iteration_limit(max_iter, "max_iter")
     structure = as_linear_structure(structure, block_size)
+    check_block_size(structure, x0s)
     problem = split_problem(updates, xs, argument="update")
     residual = [xi - ti for xi, ti in zip(problem.inner_xs, problem.inner_outputs, strict=True)]
     condition = OptimalityCondition(
@@ -124,4 +140,4 @@ def fixed_point(
         )
     else:
         op = FixedPointOp(problem, condition=condition, method=method, tol=tol, max_iter=max_iter)
-    return make_solution(op, cast_initial_guess(x0, xs, is_list), [], is_list)
+    return make_solution(op, x0s, [], is_list)

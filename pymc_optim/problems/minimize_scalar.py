@@ -7,9 +7,10 @@ from collections.abc import Mapping, Sequence
 from pytensor.gradient import grad
 from pytensor.tensor.variable import TensorVariable
 
-from pymc_optim.backends.newton import NewtonOp, newton_options
+from pymc_optim.backends.newton import NewtonOp
+from pymc_optim.backends.scipy import callbacks as _scipy
 from pymc_optim.backends.scipy.ops import MinimizeScalarOp
-from pymc_optim.graph.inner_graph import cast_initial_guess
+from pymc_optim.graph.inner_graph import as_expression, cast_initial_guess
 from pymc_optim.graph.solver_op import make_solution
 from pymc_optim.implicit import OptimalityCondition
 from pymc_optim.problems._arguments import (
@@ -18,6 +19,7 @@ from pymc_optim.problems._arguments import (
     as_scalar_expression,
     check_method,
     check_optimizer_kwargs,
+    newton_options,
     split_problem,
 )
 
@@ -91,7 +93,7 @@ def minimize_scalar(
     (1.0, 0.0)
     """
     x = as_scalar_control(x, "minimize_scalar", "minimize")
-    objective = as_scalar_expression(objective, "objective")
+    objective = as_scalar_expression(as_expression(objective, "objective"), "objective")
     method = check_method(method, MINIMIZE_SCALAR_METHODS, "minimize_scalar")
     if method == "bounded" and bounds is None:
         raise ValueError("`method` 'bounded' needs `bounds=(lower, upper)`.")
@@ -131,6 +133,7 @@ def minimize_scalar(
             **newton_options(options),
         )
     else:
+        _scipy.check_scipy_options("minimize_scalar", method, options)
         op = MinimizeScalarOp(
             problem,
             method=method,

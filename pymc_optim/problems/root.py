@@ -4,20 +4,27 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import pytensor.tensor as pt
 from pytensor.tensor.variable import TensorVariable
 
-from pymc_optim.backends.newton import NewtonOp, newton_options
+from pymc_optim.backends.newton import NewtonOp
+from pymc_optim.backends.scipy import callbacks as _scipy
 from pymc_optim.backends.scipy.ops import RootOp
 from pymc_optim.graph.inner_graph import (
     as_control_variables,
+    as_expression,
     cast_initial_guess,
+    check_block_size,
     static_size,
 )
 from pymc_optim.graph.solver_op import make_solution
 from pymc_optim.implicit import OptimalityCondition
 from pymc_optim.linalg.structure import as_linear_structure
-from pymc_optim.problems._arguments import check_method, check_optimizer_kwargs, split_problem
+from pymc_optim.problems._arguments import (
+    check_method,
+    check_optimizer_kwargs,
+    newton_options,
+    split_problem,
+)
 
 __all__ = ["ROOT_METHODS", "root"]
 
@@ -77,7 +84,12 @@ def root(
     x_star : TensorVariable or list of TensorVariable
         The root, shaped like `x`. NaN where the solver raised.
     success : TensorVariable
-        Boolean scalar: whether scipy reported convergence.
+        Boolean scalar: whether the returned point solves the equations, max|F(x*)| ≤ 1e-8
+        (``ROOT_RESIDUAL_TOL``, Newton's default tolerance). scipy's status is only a hint:
+        "hybr" may report no progress at a residual of 1e-16 (success here) and "lm" success at
+        a local minimum of ‖F‖² that is no root (failure here). The methods whose own stopping
+        rule is a residual test (the nonlinear solvers' ``fatol``, df-sane) keep their reported
+        success as well.
 
     Raises
     ------
@@ -106,11 +118,12 @@ def root(
     """
     xs, is_list = as_control_variables(x)
     equations = [
-        pt.as_tensor_variable(e)
+        as_expression(e, "equations")
         for e in (equations if isinstance(equations, list | tuple) else [equations])
     ]
     n_equations = static_size(*equations)
-    n_unknowns = static_size(*xs)
+    x0s = cast_initial_guess(x0, xs, is_list)
+    n_unknowns = static_size(*x0s)  # x* takes x0's type: its static shape counts too
     if n_equations is not None and n_unknowns is not None and n_equations != n_unknowns:
         raise ValueError(
             f"`equations` must have as many elements as `x` (a square system); got "
@@ -127,6 +140,7 @@ def root(
         },
     )
     structure = as_linear_structure(structure, block_size)
+    check_block_size(structure, x0s)
     problem = split_problem(equations, xs, argument="equations")
     condition = OptimalityCondition(
         problem.inner_xs,
@@ -145,6 +159,7 @@ def root(
             **newton_options(options),
         )
     else:
+        _scipy.check_scipy_options("root", method, options)
         op = RootOp(
             problem,
             condition=condition,
@@ -152,4 +167,4 @@ def root(
             jac=jac and method in _USES_JAC,
             options=options,
         )
-    return make_solution(op, cast_initial_guess(x0, xs, is_list), [], is_list)
+    return make_solution(op, x0s, [], is_list)

@@ -6,9 +6,10 @@ from collections.abc import Mapping, Sequence
 
 from pytensor.tensor.variable import TensorVariable
 
-from pymc_optim.backends.newton import NewtonOp, newton_options
+from pymc_optim.backends.newton import NewtonOp
+from pymc_optim.backends.scipy import callbacks as _scipy
 from pymc_optim.backends.scipy.ops import RootScalarOp
-from pymc_optim.graph.inner_graph import cast_initial_guess
+from pymc_optim.graph.inner_graph import as_expression, cast_initial_guess
 from pymc_optim.graph.solver_op import make_solution
 from pymc_optim.implicit import OptimalityCondition
 from pymc_optim.problems._arguments import (
@@ -17,6 +18,7 @@ from pymc_optim.problems._arguments import (
     as_scalar_expression,
     check_method,
     check_optimizer_kwargs,
+    newton_options,
     split_problem,
 )
 
@@ -85,7 +87,7 @@ def root_scalar(
     (2.0, 0.25)
     """
     x = as_scalar_control(x, "root_scalar", "root")
-    equation = as_scalar_expression(equation, "equation")
+    equation = as_scalar_expression(as_expression(equation, "equation"), "equation")
     method = check_method(method, ROOT_SCALAR_METHODS, "root_scalar")
     if method in BRACKETING_METHODS and bracket is None:
         raise ValueError(
@@ -121,6 +123,7 @@ def root_scalar(
             **newton_options(options),
         )
     else:
+        _scipy.check_scipy_options("root_scalar", method, options)
         op = RootScalarOp(
             problem,
             condition=condition,

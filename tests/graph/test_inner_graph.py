@@ -518,3 +518,179 @@ def test_scalar_routines_with_an_interval_leave_x_out_of_the_graph(s, b, solve):
     x_star, _ = solve(s, b)
     assert list(explicit_graph_inputs([x_star])) == [b]
     np.testing.assert_allclose(pytensor.function([b], x_star)(2.5), 2.5, rtol=1e-5)
+
+
+# --- bad input named at build time (issue 17, defects 2 and 12) ------------------------------
+
+
+def test_a_wrong_length_x0_names_x0_and_both_shapes(x, a):
+    with pytest.raises(
+        ValueError, match=r"`x0` for `x` must have `x`'s shape \(2,\); got shape \(3,\)"
+    ):
+        pmo.minimize(((x - a) ** 2).sum(), x, x0=np.zeros(3))
+
+
+def test_a_complex_x0_is_refused(a):
+    x = pt.vector("x")
+    with pytest.raises(
+        TypeError, match=r"`x0` for `x` must be real.*got dtype complex128.*np.real"
+    ):
+        pmo.minimize(((x - a) ** 2).sum(), x, x0=np.zeros(2) + 1j)
+
+
+@pytest.mark.parametrize(
+    ("solve", "argument"),
+    [
+        (lambda f, x: pmo.minimize(f, x), "objective"),
+        (lambda f, x: pmo.minimize(f, x, bounds=(0.0, 1.0)), "objective"),
+        (lambda f, x: pmo.root(f, x), "equations"),
+        (lambda f, x: pmo.fixed_point(f, x), "update"),
+    ],
+)
+def test_a_missing_objective_is_named(x, solve, argument):
+    with pytest.raises(TypeError, match=rf"`{argument}` must be a PyTensor expression.*got None"):
+        solve(None, x)
+
+
+@pytest.mark.parametrize(
+    ("solve", "argument"),
+    [
+        (lambda f, s: pmo.minimize_scalar(f, s), "objective"),
+        (lambda f, s: pmo.root_scalar(f, s, x0=1.0), "equation"),
+    ],
+)
+def test_a_python_function_as_objective_is_named(s, solve, argument):
+    def loss(z):
+        return (z - 1.0) ** 2
+
+    with pytest.raises(
+        TypeError, match=rf"`{argument}` must be a symbolic.*got `loss`.*`loss\(x\)`"
+    ):
+        solve(loss, s)
+
+
+def test_a_top_level_scipy_option_is_refused_with_the_fix(x, a):
+    # scipy.optimize.minimize has no `maxiter` argument: it raised TypeError at the first solve
+    with pytest.raises(
+        ValueError,
+        match=r"takes 'tol', 'callback', 'options'.*got 'maxiter'.*"
+        r"`optimizer_kwargs=\{'options': \{'maxiter': 5\}\}`",
+    ):
+        pmo.minimize(((x - a) ** 2).sum(), x, optimizer_kwargs={"maxiter": 5})
+
+
+@pytest.mark.parametrize(
+    ("solve", "routine", "method"),
+    [
+        (lambda f, x, kw: pmo.minimize(f.sum(), x, optimizer_kwargs=kw), "minimize", "BFGS"),
+        (
+            lambda f, x, kw: pmo.minimize(
+                f.sum(), x, method="trust-exact", hess=True, optimizer_kwargs=kw
+            ),
+            "minimize",
+            "trust-exact",
+        ),
+        (lambda f, x, kw: pmo.root(f, x, optimizer_kwargs=kw), "root", "hybr"),
+        (lambda f, x, kw: pmo.root(f, x, method="krylov", optimizer_kwargs=kw), "root", "krylov"),
+        (
+            lambda f, x, kw: pmo.minimize(f.sum(), x, bounds=(0.0, 1.0), optimizer_kwargs=kw),
+            "minimize",
+            "L-BFGS-B",
+        ),
+    ],
+)
+def test_an_option_the_method_does_not_take_is_refused(x, a, solve, routine, method):
+    # scipy only warns ("Unknown solver options") and ignores it
+    with pytest.raises(
+        ValueError,
+        match=rf"options of method '{method}' of `scipy.optimize.{routine}`.*got 'maxiterr'",
+    ):
+        solve((x - a) ** 2, x, {"options": {"maxiterr": 5}})
+
+
+def test_the_options_a_method_takes_are_accepted(x, a):
+    # every documented option of the method passes the check (the test of the check itself)
+    for method, options in [
+        ("BFGS", {"gtol": 1e-8, "maxiter": 50, "norm": 2.0}),
+        ("trust-ncg", {"gtol": 1e-8, "initial_trust_radius": 0.5}),
+        ("Nelder-Mead", {"xatol": 1e-8, "maxfev": 500}),
+    ]:
+        pmo.minimize(((x - a) ** 2).sum(), x, method=method, optimizer_kwargs={"options": options})
+    pmo.root(x - a, x, method="broyden1", optimizer_kwargs={"options": {"fatol": 1e-10}})
+    pmo.root(x - a, x, method="lm", optimizer_kwargs={"tol": 1e-10, "options": {"ftol": 1e-10}})
+
+
+def _root_scalar_with(optimizer_kwargs):
+    s = pt.scalar("s")
+    return pmo.root_scalar(
+        s - 1.0, s, method="brentq", bracket=(0.0, 2.0), optimizer_kwargs=optimizer_kwargs
+    )
+
+
+@pytest.mark.parametrize(
+    ("solve", "argument"),
+    [
+        (
+            lambda x, a: pmo.minimize(
+                ((x - a) ** 2).sum(), x, optimizer_kwargs={"options": {"maxiter": 5.5}}
+            ),
+            r"optimizer_kwargs\['options'\]\['maxiter'\]",
+        ),
+        (
+            lambda x, a: _root_scalar_with({"maxiter": 2.5}),
+            r"optimizer_kwargs\['maxiter'\]",
+        ),
+        (lambda x, a: pmo.fixed_point(0.5 * x + a, x, max_iter=2.5), "max_iter"),
+        (
+            lambda x, a: pmo.minimize(
+                ((x - a) ** 2).sum(), x, method="newton", optimizer_kwargs={"max_iter": 2.5}
+            ),
+            r"optimizer_kwargs\['max_iter'\]",
+        ),
+    ],
+)
+def test_a_non_integer_iteration_count_is_refused(x, a, solve, argument):
+    with pytest.raises(ValueError, match=rf"`{argument}` .*integer.*got \d\.5"):
+        solve(x, a)
+
+
+@pytest.mark.parametrize(
+    "solve",
+    [
+        lambda x, a: pmo.minimize(
+            ((x - a) ** 2).sum(), x, x0=np.zeros(3), structure="block_diagonal", block_size=2
+        ),
+        lambda x, a: pmo.root(
+            x - a, x, x0=np.zeros(3), method="newton", structure="block_diagonal", block_size=2
+        ),
+        lambda x, a: pmo.fixed_point(
+            0.5 * x + a,
+            x,
+            x0=np.zeros(3),
+            method="newton",
+            structure="block_diagonal",
+            block_size=2,
+        ),
+    ],
+)
+def test_a_block_size_that_does_not_divide_the_size_is_refused(solve):
+    # x has no static shape: its size, 3, comes from x0
+    x, a = pt.vector("x"), pt.vector("a")
+    with pytest.raises(
+        ValueError, match=r"`block_size` must divide.*block_size=2 for `x` of size 3"
+    ):
+        solve(x, a)
+
+
+def test_fixed_point_refuses_an_update_of_another_static_shape():
+    x = pt.vector("x")
+    with pytest.raises(
+        ValueError, match=r"`update` must be shaped like `x`; got shape \(2,\).*\(3,\)"
+    ):
+        pmo.fixed_point(pt.zeros(2) + 0.5 * x.sum(), x, x0=np.zeros(3))
+
+
+def test_root_counts_the_unknowns_from_a_static_x0():
+    x = pt.vector("x")
+    with pytest.raises(ValueError, match="got 2 equations for 3 unknowns"):
+        pmo.root(pt.stack([x[0] - 1.0, x[1] - 2.0]), x, x0=np.zeros(3))

@@ -239,12 +239,6 @@ def test_a_nan_gradient_gives_success_false(x, a, b):
     assert not fn(A_VAL, -1.0)
 
 
-@pytest.mark.xfail(
-    reason="bug (pytensor Solve.perform): when the implicit linear solve raises LinAlgError, "
-    "pytensor fills its output with NaN of the *matrix's* shape, so the gradient of a failed "
-    "solve has shape (2, 2) instead of (2,)",
-    strict=True,
-)
 def test_the_gradient_of_a_failed_solve_is_nan_of_the_right_shape(x, a, b):
     x_star, success = pmo.minimize(pt.sqrt(b) * ((x - a) ** 2).sum(), x, x0=np.zeros(2))
     fn = pytensor.function([a, b], [success, pt.grad(x_star.sum(), a)])
@@ -381,3 +375,46 @@ def test_numba_mode_gives_the_same_values_and_gradients(x, s, a, b, build):
     numba = pytensor.function([a, b], outputs, mode="NUMBA")
     for got, want in zip(numba(A_VAL, B_VAL), default(A_VAL, B_VAL), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-14)
+
+
+# --- pickling a compiled model (issue 17, defect 7) -------------------------------------------
+
+
+@pytest.mark.parametrize("module", ["pickle", "cloudpickle"])
+def test_compiled_model_functions_pickle_when_a_parameter_is_a_model_variable(module):
+    import pickle
+
+    import cloudpickle
+    import pymc as pm
+
+    dumps, loads = (
+        (pickle.dumps, pickle.loads)
+        if module == "pickle"
+        else (cloudpickle.dumps, cloudpickle.loads)
+    )
+    with pm.Model() as model:
+        gamma = pm.LogNormal("gamma", 0.0, 1.0)
+        x = pt.vector("x")
+        x_star, _ = pmo.minimize(((x - gamma) ** 2).sum() + gamma * (x**4).sum(), x, x0=np.zeros(2))
+        pm.Normal("y", x_star.sum(), 1.0, observed=1.0)
+    point = {"gamma_log__": np.array(0.3)}
+    logp = model.compile_logp()
+    assert loads(dumps(logp))(point) == logp(point)
+    fn = model.logp_dlogp_function(ravel_inputs=True)
+    fn.set_extra_values({})
+    copy = loads(dumps(fn))
+    copy.set_extra_values({})
+    for got, want in zip(copy(np.array([0.3])), fn(np.array([0.3])), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+# --- solution_info of a 0-d fixed point (issue 17, defect 8) ----------------------------------
+
+
+@pytest.mark.parametrize("method", ["iteration", "anderson", "newton"])
+def test_solution_info_value_of_a_0d_fixed_point_is_the_residual(method):
+    s, a = pt.scalar("s"), pt.scalar("a")
+    x_star, _ = pmo.fixed_point(0.5 * s + a, s, x0=0.2, method=method)
+    x_value, value = pytensor.function([a], [x_star, pmo.solution_info(x_star).value])(1.5)
+    # it was NaN: a rewrite turns sqrt(F²) into switch(F >= 0, F, nan) for one element
+    np.testing.assert_allclose(value, abs(x_value - (0.5 * x_value + 1.5)), rtol=1e-12, atol=1e-300)

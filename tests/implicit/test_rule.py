@@ -8,6 +8,8 @@ gradients themselves are checked first, against central differences of the close
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
@@ -431,3 +433,43 @@ def test_same_solution_and_gradients_as_the_upstream_ops(problem, solve):
         assert_allclose(o, t, rtol=0, atol=1e-9)
     for t, o, name in zip(theirs[n_x + 1 :], ours[n_x + 1 :], names, strict=True):
         assert_allclose(o, t, rtol=1e-7, atol=1e-9, err_msg=name)
+
+
+# --------------------------------------------------------------------------------------------
+# the gradient of a failed solve
+# --------------------------------------------------------------------------------------------
+
+
+def _failed_solve_cases():
+    for mode in ("FAST_RUN", "FAST_COMPILE", "NUMBA"):
+        yield pytest.param("BFGS", "dense", mode, id=f"BFGS-{mode}")
+    for mode in ("FAST_RUN", "FAST_COMPILE", "NUMBA", "JAX"):
+        yield pytest.param("newton", "dense", mode, id=f"newton-dense-{mode}")
+    yield pytest.param("newton", "block_diagonal", "FAST_RUN", id="newton-block_diagonal-FAST_RUN")
+
+
+@pytest.mark.parametrize(("method", "structure", "mode"), _failed_solve_cases())
+def test_the_gradient_of_a_failed_solve_is_nan_shaped_like_the_parameter(method, structure, mode):
+    # sqrt(b) is NaN for b < 0: the solve fails at a NaN iterate, A = ∇²f is NaN, and the
+    # implicit solve must give NaN of the parameter's shape (4,), not of A's (4, 4).
+    if mode == "JAX":
+        pytest.importorskip("jax")
+    x, a, b = pt.vector("x"), pt.vector("a"), pt.scalar("b")
+    objective = pt.sqrt(b) * ((x - a) ** 2).sum() + (x**4).sum()
+    block_size = 2 if structure == "block_diagonal" else None
+    x_star, success = pmo.minimize(
+        objective, x, x0=np.zeros(4), method=method, structure=structure, block_size=block_size
+    )
+    outputs = [success, *pt.grad(x_star.sum(), [a, b])]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*object mode.*")  # scipy's callbacks
+        fn = pytensor.function([a, b], outputs, mode=mode)
+        a_value = np.array([1.0, 2.0, -1.0, 0.5])
+        ok, grad_a, grad_b = (np.asarray(v) for v in fn(a_value, -1.0))
+        assert not ok
+        assert grad_a.shape == (4,) and np.isnan(grad_a).all()
+        assert grad_b.shape == () and np.isnan(grad_b)
+        # the same compiled function still differentiates a good solve
+        ok, grad_a, grad_b = (np.asarray(v) for v in fn(a_value, 1.0))
+    assert ok
+    assert grad_a.shape == (4,) and np.isfinite(grad_a).all() and np.isfinite(grad_b)

@@ -1,7 +1,10 @@
-"""`pymc_optim.linalg.structure`: the layout of A read off a sparsity pattern."""
+"""`pymc_optim.linalg.structure`: the layout of A read off a sparsity pattern, and its solve."""
 
 import numpy as np
+import pytensor
+import pytensor.tensor as pt
 import pytest
+from numpy.testing import assert_allclose
 
 from pymc_optim.linalg.structure import LinearStructure, structure_from_pattern
 
@@ -36,3 +39,37 @@ def test_entry_across_blocks_gives_dense():
 
 def test_a_single_block_is_dense():
     assert structure_from_pattern(np.ones((4, 4), dtype=bool)) == LinearStructure("dense")
+
+
+@pytest.mark.parametrize(
+    ("structure", "singular"),
+    [
+        (LinearStructure("dense"), np.array([[1.0, 2.0, 0.0], [2.0, 4.0, 0.0], [0.0, 0.0, 1.0]])),
+        (LinearStructure("dense"), np.full((3, 3), np.nan)),
+        (
+            LinearStructure("block_diagonal", 2),
+            np.array([[[1.0, 1.0], [1.0, 1.0]], [[2.0, 0.0], [0.0, 3.0]]]),
+        ),
+    ],
+    ids=["dense-singular", "dense-nan", "block-singular"],
+)
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("mode", ["FAST_RUN", "FAST_COMPILE"])
+def test_a_singular_or_nan_solve_gives_nan_shaped_like_the_right_hand_side(
+    structure, singular, symmetric, mode
+):
+    # pytensor's Solve returns NaN shaped like A here; the structure's solve must keep rhs's
+    # shape so that the graph around it (a squeeze, a reshape) still runs.
+    A = pt.tensor("A", shape=(None,) * singular.ndim)
+    rhs = pt.vector("rhs")
+    y = structure.solve(A, rhs, transposed=True, symmetric=symmetric)
+    fn = pytensor.function([A, rhs], y * 2.0, mode=mode)
+    n = singular.shape[0] * singular.shape[-1] if singular.ndim == 3 else singular.shape[0]
+    got = fn(singular, np.ones(n))
+    assert got.shape == (n,)
+    assert np.isnan(got).any()
+    regular = singular.copy()
+    regular[np.isnan(regular)] = 0.0
+    regular += 5.0 * np.eye(singular.shape[-1])
+    expected = np.linalg.solve(regular, np.ones(regular.shape[:-1]).reshape(*regular.shape[:-1], 1))
+    assert_allclose(fn(regular, np.ones(n)), 2.0 * expected.reshape(-1), rtol=1e-12)

@@ -159,3 +159,33 @@ def test_reject_an_infeasible_constrained_choice_and_keep_the_gradient_finite():
     assert_allclose(model["x_star"].eval({c: -0.5}), [-0.5, -1.0], atol=1e-10)
     assert logp({"c": 0.5}) == -np.inf
     assert np.all(np.isfinite(dlogp({"c": 0.5})))
+
+
+def _optimum_of_a_sqrt_parameter():
+    with pm.Model() as model:
+        b = pm.Normal("b", 0.0, 1.0)
+        x = pt.vector("x")
+        x_star = pmo.Optimum(
+            "x_star", pt.sqrt(b) * ((x - 1.0) ** 2).sum() + ((x - b) ** 2).sum(), x, x0=np.zeros(2)
+        )
+        pm.Normal("y", x_star.sum(), 1.0, observed=1.0)
+    return model
+
+
+def test_optimum_rejects_a_nan_objective_with_a_gradient_of_the_right_shape():
+    # sqrt(b) is NaN for b < 0: the solve fails, logp is -inf and dlogp has b's shape (it
+    # crashed with a DimShuffle squeeze error in the implicit gradient).
+    model = _optimum_of_a_sqrt_parameter()
+    logp, dlogp = model.compile_logp(), model.compile_dlogp()
+    assert logp({"b": -1.0}) == -np.inf
+    assert np.asarray(dlogp({"b": -1.0})).shape == (1,)
+    assert np.isfinite(logp({"b": 1.0})) and np.isfinite(dlogp({"b": 1.0})).all()
+
+
+@pytest.mark.slow
+def test_sampling_an_optimum_that_fails_for_half_the_prior_completes():
+    with _optimum_of_a_sqrt_parameter():
+        idata = pm.sample(draws=100, tune=100, chains=2, cores=2, random_seed=1, progressbar=False)
+    # every kept draw is a successful solve (failed ones, b < 0, were rejected)
+    assert bool(idata.posterior["x_star_success"].all())
+    assert bool((idata.posterior["b"] >= 0).all())

@@ -413,6 +413,23 @@ def _x_and_objective():
             "must not contain 'bounds'",
         ),
         ({"bounds": (0, 1), "hess": True}, ValueError, "keep their defaults"),
+        (
+            {"constraints": {"type": "eq", "fun": lambda z: z.sum() - 1.0}},
+            TypeError,
+            r"`constraints\[0\]\['fun'\]` must be a symbolic PyTensor expression of `x`, not a "
+            r"Python function; got `<lambda>`",
+        ),
+        (
+            {"bounds": (0, 1), "optimizer_kwargs": [("tol", 1e-8)]},
+            TypeError,
+            r"`optimizer_kwargs` must be a dict .*got list.*Pass a mapping",
+        ),
+        (
+            {"bounds": (0, 1), "optimizer_kwargs": {"maxiter": 5}},
+            ValueError,
+            r"`scipy.optimize.minimize`, which takes 'tol', 'callback', 'options'.*got 'maxiter'",
+        ),
+        ({"bounds": (0, 1), "x0": np.zeros(3)}, ValueError, r"`x0` for `x` must have `x`'s shape"),
     ],
 )
 def test_errors_name_the_argument(kwargs, error, match):
@@ -424,8 +441,9 @@ def test_errors_name_the_argument(kwargs, error, match):
         }
     if "bounds" in kwargs:
         kwargs["bounds"] = tuple(x if v == "x" else v for v in kwargs["bounds"])
+    kwargs.setdefault("x0", np.zeros(2))
     with pytest.raises(error, match=match):
-        pmo.minimize(f, x, x0=np.zeros(2), **kwargs)
+        pmo.minimize(f, x, **kwargs)
 
 
 def test_constraint_must_depend_on_x_and_x_must_be_single():

@@ -90,3 +90,13 @@ def test_implicit_gradient_matches_differentiating_the_unrolled_iteration(
     x_star, _ = pmo.fixed_point(0.9 * pt.cos(a * x), x, x0=np.zeros(3), method=method)
     implicit = pytensor.function([a], pt.grad((x_star**2).sum(), a))(a_val)
     assert_allclose(implicit, unrolled_gradient(a_val), rtol=1e-7)
+
+
+@pytest.mark.parametrize("method", ["iteration", "anderson", "newton"])
+def test_an_update_of_another_size_at_run_time_gives_success_false(method):
+    # T(x) has a's size, known only at run time (issue 17, defect 2)
+    x, a = pt.vector("x"), pt.vector("a")
+    x_star, success = pmo.fixed_point(0.5 * a + 0.1 * x.sum(), x, x0=np.zeros(3), method=method)
+    x_value, ok = pytensor.function([a], [x_star, success])(np.ones(2))
+    assert not ok
+    assert x_value.shape == (3,)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
+import pymc as pm
 import pytensor
 import pytensor.tensor as pt
 import pytest
@@ -328,3 +329,64 @@ def _scipy_minimize(case: Case, problem):
         elif case.method in HESSP_METHODS:
             kwargs["hessp"] = lambda z, p: ref.hessp(values, z, p)
     return optimize.minimize(fun, z0, method=case.method, **kwargs, **case.optimizer_kwargs)
+
+
+# --- a failed solve inside a sampled model (issue 17, defect 1) ------------------------------
+
+INVESTOR_MU = np.array([0.08, 0.06, 0.05, 0.03])
+INVESTOR_SD = np.array([0.2, 0.15, 0.1, 0.05])
+
+
+def mean_variance_investor():
+    """Written the natural way: unshaped `w`, a penalty for the budget, default BFGS."""
+    with pm.Model() as model:
+        gamma = pm.LogNormal("gamma", 1.0, 1.0)
+        w = pt.vector("w")
+        utility_loss = -(w @ INVESTOR_MU) + 0.5 * gamma * ((w * INVESTOR_SD) ** 2).sum()
+        w_star, success = pmo.minimize(
+            utility_loss + 100.0 * (w.sum() - 1.0) ** 2, w, x0=np.full(4, 0.25)
+        )
+        pm.Potential("solved", pt.switch(success, 0.0, -np.inf))
+        pm.Normal("portfolio_return", (w_star * INVESTOR_MU).sum(), 0.01, observed=0.06)
+    return model
+
+
+def test_a_failed_solve_in_a_model_gives_minus_inf_and_a_gradient_of_the_right_shape():
+    # At log γ = -40 the solve fails with a NaN Hessian: logp is -inf and the gradient keeps
+    # the value's shape (it crashed with a DimShuffle squeeze error).
+    fn = mean_variance_investor().logp_dlogp_function(ravel_inputs=True)
+    fn.set_extra_values({})
+    logp, dlogp = fn(np.array([-40.0]))
+    assert logp == -np.inf
+    assert dlogp.shape == (1,)
+    logp, dlogp = fn(np.array([1.0]))
+    assert np.isfinite(logp) and np.isfinite(dlogp).all()
+
+
+@pytest.mark.slow
+def test_sampling_the_mean_variance_investor_rejects_failed_solves_and_completes():
+    # Early tuning visits extreme risk aversions where BFGS fails: those points are rejected
+    # (divergences) instead of stopping the sampler.
+    with mean_variance_investor():
+        idata = pm.sample(draws=100, tune=100, chains=2, cores=2, random_seed=1, progressbar=False)
+    assert idata.posterior["gamma"].shape == (2, 100)
+    assert np.isfinite(idata.posterior["gamma"]).all()
+
+
+@pytest.mark.parametrize("method", ["BFGS", "CG", "L-BFGS-B"])
+def test_a_stationary_point_that_is_not_a_minimum_is_not_a_success(method):
+    # ((x² − 1)²) has a maximum at 0 in each coordinate: started there, the gradient vanishes
+    # and scipy reports success (issue 17, defect 4); the Hessian at x*, −4I, says otherwise
+    x, c = pt.vector("x"), pt.scalar("c")
+    x_star, success = pmo.minimize((c * (x**2 - 1) ** 2).sum(), x, x0=np.zeros(2), method=method)
+    fn = pytensor.function([c], [x_star, success])
+    x_value, ok = fn(1.0)
+    assert_allclose(x_value, 0.0, atol=1e-12)
+    assert not ok
+    # a genuine minimum from a regular start still succeeds
+    x_star, success = pmo.minimize(
+        (c * (x**2 - 1) ** 2).sum(), x, x0=np.full(2, 0.5), method=method
+    )
+    x_value, ok = pytensor.function([c], [x_star, success])(1.0)
+    assert ok
+    assert_allclose(np.abs(x_value), 1.0, rtol=1e-4)

@@ -180,13 +180,6 @@ def test_parameter_scaling_a_vanishing_equation_has_zero_gradient():
     assert abs(grads["e"]) < 1e-12
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="pytensor's Solve returns NaN shaped like A (n, n) when A is singular; the pullback's "
-    "one-column b (n, 1) does not protect against it (the default rewrites turn [..., 0] into a "
-    "Squeeze that fails; FAST_COMPILE fails in a reshape).",
-)
 def test_gradient_at_a_singular_jacobian_is_nan_not_an_error():
     p, q, a = pt.scalar("p"), pt.scalar("q"), pt.scalar("a")
     # hybr finds the root (a, 0) exactly and reports success, but ∂F/∂x = diag(1, 3q²) is
@@ -246,3 +239,48 @@ def _scipy_root(case: Case, problem):
     return optimize.root(
         lambda z: sign * ref.equations(values, z), z0, method=case.method, **case.optimizer_kwargs
     )
+
+
+# --------------------------------------------------------------------------------------------
+# sizes known only at run time (issue 17, defect 2)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["hybr", "lm", "broyden1", "newton"])
+@pytest.mark.parametrize("n_equations", [2, 4])
+def test_equations_of_another_size_at_run_time_give_success_false(method, n_equations):
+    # 3 unknowns; the equations' size comes from `a`, known only at run time. hybr raised
+    # scipy's TypeError from `perform`, and lm solved 4 equations as least squares.
+    x, a = pt.vector("x"), pt.vector("a")
+    x_star, success = pmo.root(x[:1].sum() + x.sum() - a, x, x0=np.zeros(3), method=method)
+    fn = pytensor.function([a], [x_star, success])
+    x_value, ok = fn(np.arange(1.0, n_equations + 1))
+    assert not ok
+    assert x_value.shape == (3,)
+
+
+# --------------------------------------------------------------------------------------------
+# success is decided on the residual at the returned point (issue 17, defect 4)
+# --------------------------------------------------------------------------------------------
+
+
+def test_hybr_solving_a_linear_system_to_rounding_is_a_success():
+    rng = np.random.default_rng(0)
+    A, b = rng.normal(size=(4, 4)), rng.normal(size=4)
+    # scipy's own verdict on this system: "not making good progress", at a residual of 2e-16
+    reference = optimize.root(lambda z: (A @ z - b, A), np.zeros(4), jac=True, method="hybr")
+    assert not reference.success and np.abs(A @ reference.x - b).max() < 1e-14
+    x, A_var, b_var = pt.vector("x"), pt.matrix("A"), pt.vector("b")
+    x_star, success = pmo.root(A_var @ x - b_var, x, x0=np.zeros(4))
+    x_value, ok = pytensor.function([A_var, b_var], [x_star, success])(A, b)
+    assert ok
+    assert_allclose(x_value, np.linalg.solve(A, b), rtol=1e-12)
+
+
+def test_lm_at_a_minimum_of_the_squares_that_is_no_root_is_a_failure():
+    x, a = pt.vector("x"), pt.scalar("a")
+    # x₀² + 1 = 0 has no solution: lm stops at x₀ = 0, |F| = 1, and scipy reports success
+    x_star, success = pmo.root(pt.stack([x[0] ** 2 + 1.0, x[1] - a]), x, x0=np.ones(2), method="lm")
+    x_value, ok = pytensor.function([a], [x_star, success])(2.0)
+    assert not ok
+    assert_allclose(x_value, [0.0, 2.0], atol=1e-6)

@@ -173,3 +173,21 @@ def test_integer_parameter_is_not_differentiable():
     x_star, _ = CASES[0].solve(problem)(built)
     with pytest.raises(DisconnectedInputError):
         pt.grad(x_star, built.params["k"])
+
+
+@pytest.mark.parametrize("method", ["bisect", "brentq", "ridder", "toms748"])
+@pytest.mark.parametrize("where", ["bracket", "equation"])
+def test_a_nan_at_a_bracket_end_gives_success_false(method, where):
+    # scipy reports NaN iterations here, which raised "cannot convert float NaN to integer"
+    # from `perform` (issue 17, defect 2)
+    s, c = pt.scalar("s"), pt.scalar("c")
+    if where == "bracket":
+        x_star, success = pmo.root_scalar(s - 1.0, s, method=method, bracket=(c, 3.0))
+        value = np.nan
+    else:  # sqrt is NaN at the lower end
+        x_star, success = pmo.root_scalar(pt.sqrt(s) - c, s, method=method, bracket=(-1.0, 3.0))
+        value = 1.0
+    info = pmo.solution_info(x_star)
+    ok, n_iterations = pytensor.function([c], [success, info.n_iterations])(value)
+    assert not ok
+    assert n_iterations == -1

@@ -8,8 +8,9 @@ raises (a bracket without a sign change, a singular step, NaN in the objective) 
 
 from __future__ import annotations
 
+import inspect
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -17,6 +18,7 @@ from pymc_optim.backends.packing import Packer
 from pymc_optim.graph.trace import note, without_trace
 
 __all__ = [
+    "check_scipy_options",
     "minimize",
     "minimize_constrained",
     "minimize_scalar",
@@ -24,8 +26,157 @@ __all__ = [
     "root_scalar",
 ]
 
-#: scipy reports these when a solve cannot proceed; they become ``success=False``.
-_SOLVER_ERRORS = (ValueError, RuntimeError, ArithmeticError, np.linalg.LinAlgError)
+#: scipy reports these when a solve cannot proceed; they become ``success=False``. TypeError is
+#: what scipy's input checks raise for sizes known only at run time (fsolve's "mismatch between
+#: the input and output shape"); everything knowable earlier is refused when the graph is built.
+_SOLVER_ERRORS = (ValueError, TypeError, RuntimeError, ArithmeticError, np.linalg.LinAlgError)
+
+#: `root` succeeds where max|F(x*)| is at most this at the returned point: graph-native Newton's
+#: default tolerance, and what the 0-d form (scalar Newton, see _rewrites) checks.
+ROOT_RESIDUAL_TOL = 1e-8
+#: Methods of scipy.optimize.root whose stopping rule is not a test of the residual.
+_STEP_TESTED_ROOT_METHODS = {"hybr", "lm"}
+
+#: scipy's implementation of each method (module of scipy.optimize, function): its keyword
+#: parameters are the method's ``options``, as :func:`scipy.optimize.show_options` documents.
+_IMPLEMENTATIONS = {
+    "minimize": {
+        "nelder-mead": ("_optimize", "_minimize_neldermead"),
+        "powell": ("_optimize", "_minimize_powell"),
+        "cg": ("_optimize", "_minimize_cg"),
+        "bfgs": ("_optimize", "_minimize_bfgs"),
+        "newton-cg": ("_optimize", "_minimize_newtoncg"),
+        "l-bfgs-b": ("_lbfgsb_py", "_minimize_lbfgsb"),
+        "tnc": ("_tnc", "_minimize_tnc"),
+        "cobyla": ("_cobyla_py", "_minimize_cobyla"),
+        "cobyqa": ("_cobyqa_py", "_minimize_cobyqa"),
+        "slsqp": ("_slsqp_py", "_minimize_slsqp"),
+        "trust-constr": ("_trustregion_constr", "_minimize_trustregion_constr"),
+        # the trust-region methods pass their options on to _minimize_trust_region
+        "dogleg": ("_trustregion", "_minimize_trust_region"),
+        "trust-ncg": ("_trustregion", "_minimize_trust_region"),
+        "trust-exact": ("_trustregion", "_minimize_trust_region"),
+        "trust-krylov": ("_trustregion", "_minimize_trust_region"),
+    },
+    "root": {
+        "hybr": ("_minpack_py", "_root_hybr"),
+        "lm": ("_root", "_root_leastsq"),
+        "df-sane": ("_spectral", "_root_df_sane"),
+        **{
+            m: ("_root", "_root_nonlin_solve")
+            for m in (
+                "broyden1",
+                "broyden2",
+                "anderson",
+                "linearmixing",
+                "diagbroyden",
+                "excitingmixing",
+                "krylov",
+            )
+        },
+    },
+    "minimize_scalar": {
+        "brent": ("_optimize", "_minimize_scalar_brent"),
+        "golden": ("_optimize", "_minimize_scalar_golden"),
+        "bounded": ("_optimize", "_minimize_scalar_bounded"),
+    },
+}
+#: Arguments of scipy's functions (and of their implementations) that the Op sets itself.
+_SET_BY_THE_OP = {
+    *("fun", "func", "f", "x0", "args", "method", "jac", "grad", "hess", "hessp"),
+    *("bounds", "constraints", "bracket", "brack", "fprime", "fprime2"),
+}
+#: ... and of the implementations only (the rest of their keyword parameters are `options`).
+_NOT_OPTIONS = {
+    *_SET_BY_THE_OP,
+    *("callback", "_callback", "_method", "unknown_options"),
+    "subproblem",  # set by each trust-region method itself
+}
+#: Options that count iterations or evaluations: scipy needs integers (a float fails at run time).
+_COUNTS = {"maxiter", "maxfev", "maxfun", "maxls", "maxcor", "nit", "max_iter"}
+#: root_scalar's `options` are merged into its keyword arguments.
+_ROOT_SCALAR_OPTIONS = ("xtol", "rtol", "maxiter")
+
+
+def check_scipy_options(routine: str, method: str, options: Mapping) -> None:
+    """Refuse, when the graph is built, `optimizer_kwargs` that scipy would reject (or ignore
+    with a warning) at the first solve: a key that is not an argument of
+    ``scipy.optimize.<routine>``, an entry of ``options`` that `method` does not take (read off
+    the signature of scipy's implementation of `method`), a non-integer iteration count."""
+    import scipy.optimize
+
+    accepted = [
+        name
+        for name in inspect.signature(getattr(scipy.optimize, routine)).parameters
+        if name not in _SET_BY_THE_OP
+    ]
+    method_options = _method_options(routine, method)
+    for key, value in options.items():
+        if key == "trace":  # pymc_optim's own key, validated by _trace
+            continue
+        if key not in accepted:
+            hint = (
+                f" {key!r} is an option of method {method!r}: pass it inside `options`, e.g. "
+                f"`optimizer_kwargs={{'options': {{{key!r}: {value!r}}}}}`."
+                if method_options is not None and key in method_options
+                else ""
+            )
+            raise ValueError(
+                f"`optimizer_kwargs` holds keyword arguments of `scipy.optimize.{routine}`, which "
+                f"takes {', '.join(map(repr, accepted))} (and pymc_optim's 'trace'); got "
+                f"{key!r}.{hint}"
+            )
+        _check_count(f"optimizer_kwargs[{key!r}]", key, value)
+    nested = options.get("options")
+    if nested is None:
+        return
+    if not isinstance(nested, Mapping):
+        raise TypeError(
+            f"`optimizer_kwargs['options']` must be a dict of the method's options; got "
+            f"{type(nested).__name__}."
+        )
+    if routine == "root_scalar":
+        method_options = _ROOT_SCALAR_OPTIONS
+    for key, value in nested.items():
+        if method_options is not None and key not in method_options:
+            raise ValueError(
+                f"`optimizer_kwargs['options']` holds the options of method {method!r} of "
+                f"`scipy.optimize.{routine}`, which are {', '.join(map(repr, method_options))}; "
+                f"got {key!r}. See `scipy.optimize.show_options({routine!r}, {method!r})`."
+            )
+        _check_count(f"optimizer_kwargs['options'][{key!r}]", key, value)
+
+
+def _method_options(routine: str, method: str) -> list[str] | None:
+    """The options `method` takes, from its implementation's signature (None if unknown)."""
+    import importlib
+
+    where = _IMPLEMENTATIONS.get(routine, {}).get(method.lower())
+    if where is None:
+        return None
+    try:
+        function = getattr(importlib.import_module(f"scipy.optimize.{where[0]}"), where[1])
+    except (ImportError, AttributeError):  # another scipy layout: scipy checks at run time
+        return None
+    return [
+        name
+        for name, p in inspect.signature(function).parameters.items()
+        if name not in _NOT_OPTIONS and p.kind is not inspect.Parameter.VAR_KEYWORD
+    ]
+
+
+def _check_count(argument: str, key: str, value) -> None:
+    if key not in _COUNTS or value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
+        raise ValueError(
+            f"`{argument}` counts iterations or evaluations: it must be a non-negative integer; "
+            f"got {value!r}. Pass e.g. {max(int(value), 1) if _is_real(value) else 100}."
+        )
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, int | float | np.integer | np.floating) and np.isfinite(value)
 
 
 def minimize(
@@ -142,12 +293,12 @@ def root(
 
         def fun(z):
             *F, J = equations_and_jac(*packer.unpack(z), *params)
-            return Packer.pack(F), J
+            return _square(Packer.pack(F), z), J
     else:
         equations = fns["equations"]
 
         def fun(z):
-            return Packer.pack(equations(*packer.unpack(z), *params))
+            return _square(Packer.pack(equations(*packer.unpack(z), *params)), z)
 
     try:
         with warnings.catch_warnings():
@@ -163,9 +314,45 @@ def root(
     except _SOLVER_ERRORS as err:
         note(f"{type(err).__name__}: {err}")
         return packer.failed(), False, -1, -1
-    note(res.message)
-    success = bool(res.success) and bool(np.all(np.isfinite(res.x)))
+    success = _root_success(method, res, fun, use_jac)
     return packer.unpack(res.x), success, getattr(res, "nit", -1), getattr(res, "nfev", -1)
+
+
+def _root_success(method: str, res, fun, use_jac: bool) -> bool:
+    """Whether the returned point solves the equations: max|F(x*)| ≤ ROOT_RESIDUAL_TOL there.
+
+    scipy's own status is only a hint. hybr and lm stop on the size of their steps or on the
+    decrease of ‖F‖², not on ‖F‖: hybr reports "not making good progress" at residuals of
+    1e-16, and lm reports success at a local minimum of ‖F‖² that is not a root (|F| = 1). The
+    other methods stop on the residual itself (``fatol``, default 6e-6, for the nonlinear
+    solvers; ``fatol + ftol·‖F(x0)‖`` for df-sane): their reported success is kept as well.
+    """
+    if not np.all(np.isfinite(res.x)):
+        return False
+    try:
+        F = fun(res.x)
+    except _SOLVER_ERRORS as err:
+        note(f"{res.message}; the residual at the returned point raised {type(err).__name__}")
+        return False
+    residual = float(np.max(np.abs(F[0] if use_jac else F), initial=0.0))
+    if residual <= ROOT_RESIDUAL_TOL:
+        note(f"{res.message} (accepted: max|F| = {residual:.3g} ≤ {ROOT_RESIDUAL_TOL:g})")
+        return True
+    if bool(res.success) and method.lower() not in _STEP_TESTED_ROOT_METHODS:
+        note(res.message)
+        return bool(np.isfinite(residual))
+    note(f"{res.message} (refused: max|F| = {residual:.3g} > {ROOT_RESIDUAL_TOL:g})")
+    return False
+
+
+def _square(F: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """F, if it has as many elements as the unknowns z (sizes known only at run time)."""
+    if F.size != z.size:
+        raise ValueError(
+            f"the equations have {F.size} elements at these parameters, for {z.size} unknowns "
+            "(a square system is needed)"
+        )
+    return F
 
 
 def minimize_scalar(

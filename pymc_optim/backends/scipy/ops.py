@@ -19,6 +19,7 @@ from pytensor.tensor.variable import TensorVariable
 from pymc_optim.backends.scipy import callbacks as _scipy
 from pymc_optim.graph.inner_graph import InnerProblem
 from pymc_optim.graph.solver_op import SolverOp
+from pymc_optim.graph.trace import note
 from pymc_optim.implicit import OptimalityCondition
 
 __all__ = [
@@ -45,6 +46,11 @@ _BOUNDED_XATOL = 1e-5
 #: this many such margins of a bound, with the slope pointing outward, sits on the bound.
 _ACTIVE_BOUND_MARGINS = 10
 _SQRT_EPS = float(np.sqrt(np.finfo("float64").eps))
+#: Curvature check at x*: λ_min(∇²f) ≥ −tol·max(1, max|∇²f|). The Hessian is exact at the
+#: returned point, which is off x* by the solver's tolerance, so a minimum's Hessian is PSD up to
+#: rounding and that offset; √eps of the Hessian's scale leaves room for both, while a saddle or
+#: maximum (λ_min of the size of the Hessian itself) is refused. Singular minima (x⁴) pass.
+_CURVATURE_TOL = 1.5e-8
 
 
 class MinimizeOp(SolverOp):
@@ -97,6 +103,9 @@ class MinimizeOp(SolverOp):
             fns = {"value_and_grad": ([], [self.value, *self._gradients])}
         else:
             fns = {"value": ([], [self.value])}
+        if self.no_gradient is None:
+            # ∇²f at x* in the structure's compact form, for the curvature check of `solve`
+            fns["curvature"] = ([], [self.condition.jacobian()])
         if self.hess:
             fns["hess"] = ([], [self.condition.jacobian_matrix()])
         if self._uses_hessp:
@@ -107,7 +116,7 @@ class MinimizeOp(SolverOp):
         return fns
 
     def solve(self, fns, x0s, params, extras):
-        return _scipy.minimize(
+        x_stars, success, n_iterations, n_evaluations = _scipy.minimize(
             fns,
             x0s,
             params,
@@ -117,6 +126,12 @@ class MinimizeOp(SolverOp):
             use_hessp=self._uses_hessp,
             options=self.options,
         )
+        if success and "curvature" in fns:
+            hessian = fns["curvature"](*x_stars, *params)[0]
+            if not _is_positive_semidefinite(hessian, self.condition.structure.kind):
+                note("refused: the Hessian at x* is not positive semidefinite (not a minimum)")
+                success = False
+        return x_stars, success, n_iterations, n_evaluations
 
 
 class RootOp(SolverOp):
@@ -262,3 +277,20 @@ class RootScalarOp(SolverOp):
         return _scipy.root_scalar(
             fns, x0s[0], params, method=self.method, bracket=bracket, options=self.options
         )
+
+
+def _is_positive_semidefinite(hessian: np.ndarray, kind: str) -> bool:
+    """Whether the symmetric `hessian` (compact form of structure `kind`) is PSD up to
+    _CURVATURE_TOL: a Cholesky factorization of H + τI succeeds (one O(n³), or O(G b³), pass)."""
+    hessian = np.asarray(hessian, dtype="float64")
+    if not np.all(np.isfinite(hessian)):
+        return False
+    tau = _CURVATURE_TOL * max(1.0, float(np.max(np.abs(hessian), initial=0.0)))
+    if kind == "diagonal":
+        return bool(np.all(hessian >= -tau))
+    shifted = 0.5 * (hessian + np.swapaxes(hessian, -1, -2)) + tau * np.eye(hessian.shape[-1])
+    try:
+        np.linalg.cholesky(shifted)
+    except np.linalg.LinAlgError:
+        return False
+    return True

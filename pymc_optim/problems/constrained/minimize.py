@@ -59,10 +59,15 @@ from pytensor.graph.replace import graph_replace
 from pytensor.graph.traversal import ancestors
 from pytensor.tensor.variable import TensorVariable
 
-from pymc_optim.backends.newton import newton_options
+from pymc_optim.backends.scipy import callbacks as _scipy
 from pymc_optim.backends.scipy.constrained import ConstrainedMinimizeOp
-from pymc_optim.graph.inner_graph import InnerProblem, as_control_variables
-from pymc_optim.problems._arguments import split_problem
+from pymc_optim.graph.inner_graph import (
+    InnerProblem,
+    as_control_variables,
+    as_expression,
+    check_initial_guess,
+)
+from pymc_optim.problems._arguments import check_optimizer_kwargs, newton_options, split_problem
 from pymc_optim.problems.constrained.kkt import KKT, KKTNewtonOp
 
 __all__ = [
@@ -126,7 +131,7 @@ def constrained_minimize(
             "Concatenate the pieces into one vector."
         )
     (x,) = xs
-    objective = pt.as_tensor_variable(objective)
+    objective = as_expression(objective, "objective")
     if objective.ndim != 0:
         raise ValueError(
             f"`objective` must be a scalar; got `{objective}` with {objective.ndim} dimensions."
@@ -134,13 +139,13 @@ def constrained_minimize(
     funs, kinds = _as_constraints(constraints, x)
     lower, upper = _as_bounds(bounds, x)
     method = _choose_method(method, has_bounds=lower is not None, kinds=kinds)
-    options = dict(optimizer_kwargs or {})
-    for key in ("bounds", "constraints", "jac", "hess", "hessp", "method", "x0"):
-        if key in options:
-            raise ValueError(
-                f"`optimizer_kwargs` must not contain {key!r}: use the `{key}` argument "
-                "of `minimize` (or leave it to the Op)."
-            )
+    options = check_optimizer_kwargs(
+        optimizer_kwargs,
+        reserved={
+            key: f"use the `{key}` argument of `minimize` (or leave it to the Op)."
+            for key in ("bounds", "constraints", "jac", "hess", "hessp", "method", "x0")
+        },
+    )
 
     problem = split_problem([objective, *funs], [x])
     bound_vars = []
@@ -161,7 +166,7 @@ def constrained_minimize(
 
     if x0 is None:
         x0 = x
-    x0 = pt.as_tensor_variable(x0).astype(x.type.dtype)
+    x0 = check_initial_guess(x0, x)
     x0 = pt.specify_shape(pt.broadcast_to(x0, x.shape) if x0.ndim < x.ndim else x0, x.type.shape)
     multiplier_x0s = [pt.zeros_like(graph_replace(f, {x: x0}, strict=False)) for f in funs]
     if bound_vars:
@@ -178,6 +183,7 @@ def constrained_minimize(
             **newton_options(options),
         )
     else:
+        _scipy.check_scipy_options("minimize", method, options)
         op = ConstrainedMinimizeOp(problem, kkt=kkt, method=method, options=options)
     outs = op(x0, *multiplier_x0s, *problem.outer_params)
     x_star, success = outs[0], outs[op.n_controls]
@@ -258,7 +264,7 @@ def _as_constraints(constraints, x) -> tuple[list[TensorVariable], list[str]]:
             raise ValueError(
                 f"`constraints[{i}]['type']` must be 'eq' or 'ineq'; got {c['type']!r}."
             )
-        fun = pt.as_tensor_variable(c["fun"])
+        fun = as_expression(c["fun"], f"constraints[{i}]['fun']")
         if x not in ancestors([fun]):
             raise ValueError(
                 f"`constraints[{i}]['fun']` must be an expression of `x`; `{fun}` does not "
