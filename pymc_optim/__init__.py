@@ -7,27 +7,32 @@ from pymc_optim import (
     _structured_linalg,  # noqa: F401  (registers the Kronecker / block-diagonal rewrites)
     _vectorize,  # noqa: F401  (registers native batching)
 )
+from pymc_optim._failure import CountingNUTS, failure_summary
 from pymc_optim._solver_op import SolverInfo, solution_info
 from pymc_optim._trace import SolveTrace, solver_trace
 from pymc_optim._warnings import PymcOptimWarning
 from pymc_optim.agents import Equilibrium, Optimum
 from pymc_optim.constrained import LagrangeMultipliers, lagrange_multipliers
 from pymc_optim.fixed_point import fixed_point
-from pymc_optim.laplace import marginalize_laplace, recover_latent
+from pymc_optim.laplace import LaplaceInfo, laplace_info, marginalize_laplace, recover_latent
 from pymc_optim.minimize import minimize
 from pymc_optim.minimize_scalar import minimize_scalar
 from pymc_optim.root import root
 from pymc_optim.root_scalar import root_scalar
 
 __all__ = [
+    "CountingNUTS",
     "Equilibrium",
     "LagrangeMultipliers",
+    "LaplaceInfo",
     "Optimum",
     "PymcOptimWarning",
     "SolveTrace",
     "SolverInfo",
+    "failure_summary",
     "fixed_point",
     "lagrange_multipliers",
+    "laplace_info",
     "marginalize_laplace",
     "minimize",
     "minimize_scalar",
