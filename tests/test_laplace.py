@@ -633,14 +633,6 @@ def test_free_variable_depending_on_the_latent_is_not_implemented():
         pmo.marginalize_laplace(model, "x")
 
 
-def test_deterministic_depending_on_the_latent_is_not_implemented():
-    model = intercepts_model()
-    with model:
-        pm.Deterministic("x_mean", model["x"].mean())
-    with pytest.raises(NotImplementedError, match="`x_mean` .* depends on a marginalized latent"):
-        pmo.marginalize_laplace(model, "x")
-
-
 def test_unknown_on_failure_raises():
     with pytest.raises(
         ValueError, match="`on_failure` must be one of 'reject', 'raise', 'warn'; got 'x'"
