@@ -124,7 +124,7 @@ def test_optimum_gradient(method):
         mu = pm.Normal("mu", MU, 0.02)
         w = pt.vector("w", shape=(3,))
         objective = -(w @ mu) + 0.5 * gamma * (w @ pt.as_tensor(SIGMA) @ w)
-        options = {"gtol": 1e-12} if method == "BFGS" else None
+        options = {"options": {"gtol": 1e-12}} if method == "BFGS" else None
         w_star = pmo.Optimum(
             "w_star", objective, w, x0=np.full(3, 0.3), method=method, optimizer_kwargs=options
         )
@@ -146,7 +146,7 @@ def test_equilibrium_gradient(method):
         a = pm.LogNormal("a", F64(0.0), F64(0.3), shape=2)
         p = pt.vector("p", shape=(2,))
         equations = a / p - p - 0.2 * p[::-1]
-        options = {"xtol": 1e-13} if method == "hybr" else None
+        options = {"options": {"xtol": 1e-13}} if method == "hybr" else None
         price = pmo.Equilibrium(
             "price", equations, p, x0=np.ones(2), method=method, optimizer_kwargs=options
         )
