@@ -116,18 +116,19 @@ SIGMA = np.array([[0.04, 0.01, 0.0], [0.01, 0.03, 0.005], [0.0, 0.005, 0.02]])
 HOLDINGS = np.random.default_rng(2).normal(0.3, 0.05, size=(10, 3))
 
 
-@pytest.mark.parametrize("method", ["BFGS", "newton"])
+@pytest.mark.parametrize("method", ["newton"])
 def test_optimum_gradient(method):
-    """An unconstrained mean-variance investor (risk aversion and expected returns free)."""
+    """An unconstrained mean-variance investor (risk aversion and expected returns free).
+
+    Not with scipy's BFGS: it stops at gtol ~1e-8 (tighter, it reports precision loss and
+    fails), which moves logp by ~1e-7 — central differences of step 1e-4 cannot resolve that.
+    """
     with pm.Model() as model:
         gamma = pm.LogNormal("gamma", np.log(3.0), 0.5)
         mu = pm.Normal("mu", MU, 0.02)
         w = pt.vector("w", shape=(3,))
         objective = -(w @ mu) + 0.5 * gamma * (w @ pt.as_tensor(SIGMA) @ w)
-        options = {"options": {"gtol": 1e-12}} if method == "BFGS" else None
-        w_star = pmo.Optimum(
-            "w_star", objective, w, x0=np.full(3, 0.3), method=method, optimizer_kwargs=options
-        )
+        w_star = pmo.Optimum("w_star", objective, w, x0=np.full(3, 0.3), method=method)
         pm.Normal("holdings", w_star, 0.5, observed=HOLDINGS)
     check_model_gradient(model)
 
