@@ -3,8 +3,9 @@ its compiled ``logp``, at several random points of the hyperparameters.
 
 Sampling tests cannot see a wrong gradient (NUTS stays exact with any gradient), so these are
 the tests that catch an error in the implicit rule as the models use it: scaling the implicit
-pullback's solve by 0.7 in `_implicit.py` fails every case below (checked by hand; see the
-report of issue 17). The Laplace models have a Poisson likelihood on purpose: with a Gaussian
+pullback's solve by 0.7 in `_implicit.py` fails the Laplace, Optimum (Newton), portfolio and
+Equilibrium (Newton) cases below (checked by hand; the hybr and Rust cases were not run against
+the mutation). The Laplace models have a Poisson likelihood on purpose: with a Gaussian
 likelihood H does not depend on x*, so by the envelope theorem the marginal's gradient would not
 go through dx*/dθ at all.
 
