@@ -7,8 +7,9 @@ from pymc_optim.backends import vectorize as _vectorize  # noqa: F401  (native b
 from pymc_optim.graph.diagnostics import SolverInfo, solution_info, solver_trace
 from pymc_optim.graph.trace import SolveTrace
 from pymc_optim.model.agents import Equilibrium, Optimum
+from pymc_optim.model.failure import CountingNUTS, failure_summary
 from pymc_optim.model.inla import fit_inla, plot_inla_marginals
-from pymc_optim.model.laplace import marginalize_laplace, recover_latent
+from pymc_optim.model.laplace import LaplaceInfo, laplace_info, marginalize_laplace, recover_latent
 from pymc_optim.problems.constrained import LagrangeMultipliers, lagrange_multipliers
 from pymc_optim.problems.fixed_point import fixed_point
 from pymc_optim.problems.minimize import minimize
@@ -19,15 +20,19 @@ from pymc_optim.rewrites import scalar as _scalar  # noqa: F401  (registers the 
 from pymc_optim.rewrites import structured_linalg as _structured_linalg  # noqa: F401  (same)
 
 __all__ = [
+    "CountingNUTS",
     "Equilibrium",
     "LagrangeMultipliers",
+    "LaplaceInfo",
     "Optimum",
     "PymcOptimWarning",
     "SolveTrace",
     "SolverInfo",
+    "failure_summary",
     "fit_inla",
     "fixed_point",
     "lagrange_multipliers",
+    "laplace_info",
     "marginalize_laplace",
     "minimize",
     "minimize_scalar",

@@ -27,7 +27,7 @@ from pytensor.raise_op import Assert
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_optim.graph.diagnostics import solution_info
-from pymc_optim.model.failure import ON_FAILURE, WarnOnFailure, check_on_failure
+from pymc_optim.model.failure import ON_FAILURE, WarnOnFailure, check_on_failure, count_failures
 from pymc_optim.problems.minimize import minimize
 from pymc_optim.problems.root import root
 
@@ -64,11 +64,14 @@ def Optimum(  # noqa: N802  (named like pm.Deterministic, which it extends)
         "raise": evaluating the model raises an ``AssertionError`` naming `name`. "warn": emits
         a :class:`PymcOptimWarning` at each failed evaluation and passes the unconverged x on.
         With bounds or constraints, a degenerate active set (a constraint on its bound with a
-        zero multiplier, where x*(θ) has a kink; see :mod:`pymc_optim.problems.constrained`) and
-        infeasible constraints count as failures too.
+        zero multiplier, where x*(Î¸) has a kink; see :mod:`pymc_optim.problems.constrained`) and
+        infeasible constraints count as failures too. Failed evaluations are counted:
+        ``pmo.failure_summary(idata)`` reports them after sampling (exactly with
+        ``pm.sample(step=pmo.CountingNUTS())``).
     diagnostics : bool, default True
         Also register ``{name}_success`` and ``{name}_n_iterations`` as Deterministics, so that
-        the trace records them (``pmo.solution_info`` gives more on the raw solution).
+        the trace records them for accepted draws (``pmo.solution_info`` gives more on the raw
+        solution). A name already in the model is an error, never overwritten.
     **minimize_kwargs
         Passed to :func:`minimize`: ``x0``, ``method``, ``bounds``, ``constraints``,
         ``optimizer_kwargs``, ...
@@ -152,9 +155,13 @@ def _check_single(x, helper: str) -> None:
 def _register(name, x_star, success, dims, on_failure, diagnostics):
     import pymc as pm
 
+    model = _check_names(name, diagnostics, on_failure)
     info = solution_info(x_star)
+    label = f"the solve for `{name}`"
     if on_failure == "reject":
-        pm.Potential(f"{name}_failed", pt.switch(success, 0.0, -np.inf))
+        # counted once per evaluation of the log density (see pmo.failure_summary)
+        ok = count_failures(pt.all(success), label)
+        pm.Potential(f"{name}_failed", pt.switch(ok, 0.0, -np.inf), model=model)
         # NaN (a solve that raised) must not reach the likelihood: logp would be NaN, not −inf.
         x_used = pt.switch(success, x_star, pt.zeros_like(x_star))
     elif on_failure == "raise":
@@ -164,10 +171,40 @@ def _register(name, x_star, success, dims, on_failure, diagnostics):
         )(x_star, success)
     else:
         x_used = WarnOnFailure(f"The solve for `{name}` failed (success=False; on_failure='warn')")(
-            x_star, pt.all(success)
+            x_star, count_failures(pt.all(success), label)
         )
-    x_det = pm.Deterministic(name, x_used, dims=dims)
+    x_det = pm.Deterministic(name, x_used, dims=dims, model=model)
     if diagnostics:
-        pm.Deterministic(f"{name}_success", info.success)
-        pm.Deterministic(f"{name}_n_iterations", info.n_iterations)
+        pm.Deterministic(f"{name}_success", info.success, model=model)
+        pm.Deterministic(f"{name}_n_iterations", info.n_iterations, model=model)
     return x_det
+
+
+def _check_names(name, diagnostics: bool, on_failure: str):
+    """The model on the context stack, after checking that none of the names `name` registers
+    is taken (PyMC's own error would not say which helper registered it)."""
+    import pymc as pm
+
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"`name` must be a non-empty string; got {name!r}.")
+    try:
+        model = pm.modelcontext(None)
+    except TypeError:
+        raise TypeError(
+            f"`Optimum`/`Equilibrium` {name!r} must be called inside a model context "
+            "(`with pm.Model(): ...`): it registers model variables. To solve outside a model, "
+            "use `pmo.minimize` or `pmo.root`."
+        ) from None
+    registered = [name]
+    if on_failure == "reject":
+        registered.append(f"{name}_failed")
+    if diagnostics:
+        registered += [f"{name}_success", f"{name}_n_iterations"]
+    taken = [n for n in registered if n in model.named_vars]
+    if taken:
+        raise ValueError(
+            f"`name` {name!r} registers {registered}, but the model already has "
+            f"{taken}. Choose another `name`"
+            + (", or pass `diagnostics=False`." if diagnostics else ".")
+        )
+    return model

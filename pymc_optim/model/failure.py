@@ -9,13 +9,30 @@ one name means one behaviour across the package:
 - ``"warn"``: a :class:`~pymc_optim.PymcOptimWarning` is emitted at each failed evaluation and
   the term is computed at the solver's last iterate. Never silent, but not rejected either:
   for exploring a model (``find_MAP``, prior checks), not for final inference.
+
+Counting failures under sampling
+--------------------------------
+Rejecting failed solves truncates the posterior where they happen, so failures are counted and
+reported in one place, :func:`failure_summary`. Counting them is not trivial: a Deterministic is
+recorded only for *accepted* draws (never a rejected point), and a divergence may have other
+causes than a failed solve. So every policy's success flag passes through a counting Op
+(:class:`CountFailures`) which tallies the failed *evaluations* of the log density in the
+process that evaluates it (a sampler's worker process with ``cores > 1``). The sampler
+:class:`CountingNUTS` (PyMC's NUTS plus one statistic) reads that tally after each iteration
+and records the difference as ``sample_stats.failed_solves``: failed evaluations per draw and
+chain, rejected proposals included, exact with any number of cores. Sample with
+``pm.sample(step=pmo.CountingNUTS())`` and call ``pmo.failure_summary(idata)``; without the
+statistic, the summary falls back to divergences (an upper bound on rejected failures) and to
+the recorded success flags of accepted draws.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 
 import numpy as np
+import pymc as pm
 import pytensor.tensor as pt
 from pytensor.gradient import disconnected_type
 from pytensor.graph.basic import Apply
@@ -25,9 +42,22 @@ from pytensor.tensor.variable import TensorVariable
 
 from pymc_optim._warnings import PymcOptimWarning
 
-__all__ = ["ON_FAILURE", "WarnOnFailure", "apply_failure_policy", "check_on_failure"]
+__all__ = [
+    "ON_FAILURE",
+    "CountFailures",
+    "CountingNUTS",
+    "WarnOnFailure",
+    "apply_failure_policy",
+    "check_on_failure",
+    "count_failures",
+    "failure_summary",
+]
 
 ON_FAILURE = ("reject", "raise", "warn")
+#: Failed evaluations seen in this process, by the label of the solve (see `CountFailures`).
+FAILED_EVALUATIONS: Counter = Counter()
+#: Name of the sampler statistic written by `CountingNUTS`.
+FAILED_SOLVES_STAT = "failed_solves"
 
 
 def check_on_failure(on_failure: str) -> str:
@@ -45,7 +75,7 @@ def apply_failure_policy(
     """`term` (a log-density contribution) under the `on_failure` policy; `message` names
     the solve ("the inner solve of the Laplace marginal did not converge")."""
     check_on_failure(on_failure)
-    success = pt.all(success)
+    success = count_failures(pt.all(success), message)
     if on_failure == "reject":
         return pt.switch(success, term, -np.inf)
     if on_failure == "raise":
@@ -82,3 +112,156 @@ class WarnOnFailure(Op):
 
     def connection_pattern(self, node):
         return [[True], [False]]
+
+
+def count_failures(success: TensorVariable, label: str) -> TensorVariable:
+    """`success` (a boolean scalar), tallied in :data:`FAILED_EVALUATIONS` under `label` each
+    time it is evaluated to False."""
+    return CountFailures(label)(success)
+
+
+class CountFailures(Op):
+    """Pass a boolean `success` through; count the evaluations at which it is False.
+
+    The count lives in the evaluating process (:data:`FAILED_EVALUATIONS`), where
+    :class:`CountingNUTS` reads it. No rewrite removes the Op (it is not elementwise and has no
+    registered rewrite), so the count is of the compiled log density's evaluations.
+    """
+
+    __props__ = ("label",)
+
+    def __init__(self, label: str):
+        self.label = label
+
+    def make_node(self, success):
+        success = pt.as_tensor_variable(success)
+        if success.type.ndim != 0 or success.type.dtype != "bool":
+            raise TypeError(f"`success` must be a boolean scalar; got {success.type}.")
+        return Apply(self, [success], [success.type()])
+
+    def perform(self, node, inputs, output_storage):
+        (success,) = inputs
+        if not bool(success):
+            FAILED_EVALUATIONS[self.label] += 1
+        output_storage[0][0] = np.asarray(success)
+
+    def infer_shape(self, fgraph, node, shapes):
+        return [()]
+
+    def L_op(self, inputs, outputs, output_grads):
+        return [disconnected_type()]
+
+    def connection_pattern(self, node):
+        return [[False]]
+
+
+def _total_failed_evaluations() -> int:
+    return sum(FAILED_EVALUATIONS.values())
+
+
+class CountingNUTS(pm.NUTS):
+    """PyMC's NUTS that also records ``failed_solves``: the inner solves of the model that
+    failed during each iteration (rejected proposals included).
+
+    Use as ``pm.sample(step=pmo.CountingNUTS())`` (it takes NUTS's arguments) and read the
+    counts with :func:`pymc_optim.failure_summary`. The statistic is exact with any number of
+    cores: each chain's log density is evaluated in the process that runs its sampler, and
+    chains sharing a process run one after the other.
+    """
+
+    name = "counting_nuts"
+    stats_dtypes_shapes = {**pm.NUTS.stats_dtypes_shapes, FAILED_SOLVES_STAT: (np.int64, [])}
+
+    def astep(self, q0):
+        before = _total_failed_evaluations()
+        q, stats = super().astep(q0)
+        stats[0][FAILED_SOLVES_STAT] = _total_failed_evaluations() - before
+        return q, stats
+
+
+def failure_summary(idata, *, threshold: float = 0.01, warn: bool = True):
+    """Failed inner solves per chain of a sampled model, with a warning when they are frequent.
+
+    The one place where failures under sampling are reported (see the module notes).
+
+    Parameters
+    ----------
+    idata : arviz.InferenceData
+        From ``pm.sample``; best with ``step=pmo.CountingNUTS()``, which records the exact
+        ``failed_solves`` statistic.
+    threshold : float, default 0.01
+        Warn when, in some chain, more than this fraction of the draws hit a failed solve
+        (or, without the statistic, diverged): under ``on_failure="reject"`` these points were
+        rejected and the posterior may be truncated there.
+    warn : bool, default True
+        Emit that :class:`~pymc_optim.PymcOptimWarning`.
+
+    Returns
+    -------
+    summary : pandas.DataFrame
+        One row per chain: ``draws``; ``failed_solves`` (failed evaluations during the draws,
+        rejected ones included; -1 without the statistic); ``draws_with_failures`` (draws
+        whose iteration hit one); ``divergences``; ``unsolved_draws`` (accepted draws whose
+        recorded success flag, a ``*_success`` or ``*_solved`` variable of the posterior, is
+        False: possible only under ``on_failure="warn"``).
+    """
+    import pandas as pd
+
+    stats = idata.sample_stats
+    n_chains, n_draws = stats.sizes["chain"], stats.sizes["draw"]
+    has_count = FAILED_SOLVES_STAT in stats
+    if has_count:
+        failed = stats[FAILED_SOLVES_STAT].values.reshape(n_chains, n_draws)
+    else:
+        failed = np.full((n_chains, n_draws), -1)
+    divergences = (
+        stats["diverging"].values.reshape(n_chains, n_draws).sum(1)
+        if "diverging" in stats
+        else np.zeros(n_chains, dtype=int)
+    )
+    unsolved = np.zeros(n_chains, dtype=int)
+    posterior = getattr(idata, "posterior", None)
+    for name in [] if posterior is None else list(posterior.data_vars):
+        var = posterior[name]
+        if var.dtype == bool and (name.endswith("_success") or name.endswith("_solved")):
+            flags = var.values.reshape(n_chains, n_draws, -1).all(-1)
+            unsolved += (~flags).sum(1)
+    summary = pd.DataFrame(
+        {
+            "draws": n_draws,
+            "failed_solves": failed.sum(1) if has_count else -1,
+            "draws_with_failures": (failed > 0).sum(1) if has_count else -1,
+            "divergences": divergences,
+            "unsolved_draws": unsolved,
+        },
+        index=pd.Index(range(n_chains), name="chain"),
+    )
+    if warn:
+        _warn_if_frequent(summary, has_count, threshold)
+    return summary
+
+
+def _warn_if_frequent(summary, has_count: bool, threshold: float) -> None:
+    column = "draws_with_failures" if has_count else "divergences"
+    fraction = (summary[column] + summary["unsolved_draws"]) / summary["draws"]
+    frequent = fraction[fraction > threshold]
+    if frequent.empty:
+        return
+    where = ", ".join(
+        f"chain {c}: {summary.loc[c, column]} of {summary.loc[c, 'draws']} draws"
+        for c in frequent.index
+    )
+    if has_count:
+        message = (
+            f"Inner solves failed in more than {threshold:.0%} of the draws ({where}; "
+            f"{int(summary['failed_solves'].sum())} failed evaluations in all). Rejected "
+            "failures truncate the posterior where the solver fails: check the solver's options "
+            "(max_iter, x0, method) or the priors before trusting these draws."
+        )
+    else:
+        message = (
+            f"More than {threshold:.0%} of the draws diverged ({where}); some may be failed "
+            "inner solves, which truncate the posterior. Sample with "
+            "`step=pmo.CountingNUTS()` to count the failed solves exactly."
+        )
+    warnings.warn(message, PymcOptimWarning, stacklevel=3)

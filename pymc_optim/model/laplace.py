@@ -4,22 +4,27 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pymc as pm
 import pytensor
 import pytensor.tensor as pt
 from pymc.model.fgraph import (
+    ModelDeterministic,
     ModelObservedRV,
     ModelPotential,
     ModelVar,
     fgraph_from_model,
     model_from_fgraph,
 )
-from pytensor.gradient import grad
+from pytensor.gradient import disconnected_type, grad
+from pytensor.graph.basic import Apply, Constant
+from pytensor.graph.op import Op
 from pytensor.graph.replace import graph_replace, vectorize_graph
+from pytensor.graph.rewriting.basic import node_rewriter
 from pytensor.graph.traversal import ancestors
+from pytensor.tensor.rewriting.basic import register_canonicalize
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_optim._warnings import PymcOptimWarning
@@ -30,7 +35,7 @@ from pymc_optim.linalg.structure import LinearStructure, as_linear_structure, st
 from pymc_optim.model.failure import apply_failure_policy, check_on_failure
 from pymc_optim.problems.minimize import minimize
 
-__all__ = ["marginalize_laplace", "recover_latent"]
+__all__ = ["LaplaceInfo", "laplace_info", "marginalize_laplace", "recover_latent"]
 
 #: Largest latent size whose Hessian pattern "auto" computes (the pattern is a dense boolean
 #: (d, d) array: 10⁸ bytes at this size). Larger latents need an explicit `hessian_structure`.
@@ -38,7 +43,23 @@ AUTO_STRUCTURE_MAX_SIZE = 10_000
 #: Hessian-vector products per compiled call when probing the pattern (bounds the memory).
 _PROBE_CHUNK = 128
 #: Latent priors for which the Laplace approximation is exact given a Gaussian likelihood.
-_GAUSSIAN_PRIORS = {"NormalRV", "MvNormalRV", "ZeroSumNormalRV", "AutoRegressiveRV", "RandomWalkRV"}
+#: By the class name of their Op in PyMC 5.28 (pm.Normal, pm.MvNormal with `cov`, `chol` or `tau`,
+#: pm.ZeroSumNormal, pm.CAR, pm.ICAR, pm.MatrixNormal, pm.KroneckerNormal; pm.gp latents are
+#: MvNormal). ICAR and CAR are Gaussian Markov random fields (ICAR's precision is singular
+#: along the constant vector; its zero-sum constraint is in its log density).
+_GAUSSIAN_PRIORS = {
+    "NormalRV",
+    "MvNormalRV",
+    "PrecisionMvNormalRV",
+    "ZeroSumNormalRV",
+    "CARRV",
+    "ICARRV",
+    "MatrixNormalRV",
+    "KroneckerNormalRV",
+}
+#: Gaussian when the distributions they are built from are (pm.GaussianRandomWalk is a RandomWalk
+#: of Normal innovations; pm.AR's innovations are Normal, its `init_dist` need not be).
+_GAUSSIAN_IF_COMPONENTS_ARE = {"RandomWalkRV", "AutoRegressiveRV"}
 
 
 def marginalize_laplace(
@@ -75,7 +96,7 @@ def marginalize_laplace(
         (independent random effects with an element-wise likelihood), ``"block_diagonal"`` for
         contiguous groups of `block_size` elements of the flattened latents (several effects
         per group), ``"dense"`` otherwise. ``"auto"`` reads the layout off the model (see
-        Notes); the choice is kept in ``marginal_model._pmo_laplace.structure``. A wrong explicit
+        Notes); the choice is ``pmo.laplace_info(marginal_model).structure``. A wrong explicit
         choice gives a wrong marginal.
     block_size : int, optional
         For ``hessian_structure="block_diagonal"``.
@@ -84,7 +105,9 @@ def marginalize_laplace(
         point, which ``pm.sample`` counts as a divergence: ``idata.sample_stats.diverging``);
         ``"raise"`` raises an ``AssertionError`` at that evaluation; ``"warn"`` emits a
         :class:`~pymc_optim.PymcOptimWarning` and evaluates the marginal at the last iterate
-        (for exploration, not final inference). :func:`recover_latent` records success per
+        (for exploration, not final inference). Failed evaluations are counted:
+        ``pmo.failure_summary(idata)`` reports them after sampling (exactly with
+        ``pm.sample(step=pmo.CountingNUTS())``). :func:`recover_latent` records success per
         draw in ``"<latent>_solved"``.
     optimizer_kwargs : dict, optional
         Passed to :func:`pymc_optim.minimize`.
@@ -92,17 +115,23 @@ def marginalize_laplace(
     Returns
     -------
     marginal_model : pm.Model
-        Without the latent variables and the observed variables that depend on them; with the
-        potential ``"laplace_marginal"``. Other variables, deterministics, coords carry over.
+        Without the latent variables, the observed variables that depend on them and the
+        Deterministics of the latent (:func:`recover_latent` computes those from the latent
+        draws); with the potential ``"laplace_marginal"``, whose graph carries what
+        :func:`recover_latent` and :func:`laplace_info` need. Other variables, Deterministics
+        and coords carry over. It has no observed variables: predict and compute pointwise log
+        likelihoods in the original model after :func:`recover_latent` (see its Notes).
 
     Raises
     ------
     ValueError
         Unknown names, observed or discrete latents, latents no observed variable depends on,
         unknown `on_failure`.
+    TypeError
+        If `model` is not a ``pm.Model``.
     NotImplementedError
-        When a free random variable (other than a listed latent) or a Deterministic depends on
-        a latent.
+        When a free random variable (other than a listed latent) or a Potential depends on a
+        latent, or a latent's size depends on ``pm.Data``.
 
     Warns
     -----
@@ -142,6 +171,7 @@ def marginalize_laplace(
     >>> bool(np.isclose(laplace({"mu": 0.3}), exact, rtol=1e-10))
     True
     """
+    _check_model(model, "model", "marginalize_laplace")
     check_on_failure(on_failure)
     latent_rvs = _check_latents(model, latent)
     if hessian_structure == "auto":
@@ -153,6 +183,9 @@ def marginalize_laplace(
 
     fgraph, memo = fgraph_from_model(model, inlined_views=True)
     latent_fg = [memo[rv] for rv in latent_rvs]
+    deterministics = _inline_latent_deterministics(fgraph, latent_fg)
+    order = {var.name: i for i, var in enumerate(model.deterministics)}
+    deterministics.sort(key=lambda item: order[item[0]])  # the user's order
     dependents = _observed_dependents(fgraph, latent_fg, latent_rvs)
 
     # ℓ(z, θ) on one flat unconstrained control z holding every latent, so that the Hessian's
@@ -194,7 +227,6 @@ def marginalize_laplace(
         block_size=structure.block_size,
         optimizer_kwargs=optimizer_kwargs,
     )
-    z_stars = _split(z_star, [start.shape for start in starts])
     condition = OptimalityCondition([z], [], [grad(-joint, z)], symmetric=True, structure=structure)
     at_mode = {z: z_star}
     hessian = graph_replace(condition.jacobian(), at_mode, strict=False)
@@ -208,40 +240,41 @@ def marginalize_laplace(
         marginal, success, on_failure, "the inner solve of the Laplace marginal did not converge"
     )
 
+    # The marginal's value, marked with what recover_latent needs (see LaplaceMarginal): the
+    # mode, H and success as inputs, and the map from a latent draw to the latent variables and
+    # their Deterministics as an inner graph. In the graph, it survives model transformations.
+    recovery_outputs = [*constrained, *(expression for _, expression in deterministics)]
+    recovery_names = [
+        *(rv.name for rv in latent_rvs),
+        *(name for name, _ in deterministics),
+    ]
+    # the observed variables leave the model: a Deterministic using one uses its data
+    removed_observed = {obs: obs.owner.inputs[1] for obs in dependents}
+    # (in two steps: graph_replace cannot replace a variable and one of its ancestors at once)
+    recovery_outputs = _replace(_replace(recovery_outputs, removed_observed), to_constrained)
+    params = _outer_inputs(recovery_outputs, exclude=[z])
+    placeholders = [p.type() for p in params]
+    recovery_outputs = _replace(recovery_outputs, dict(zip(params, placeholders, strict=True)))
+    marker = LaplaceMarginal(
+        latent_names=[rv.name for rv in latent_rvs],
+        output_names=recovery_names,
+        dims=[model.named_vars_to_dims.get(name) for name in recovery_names],
+        structure=structure,
+        recovery_inputs=[z, *placeholders],
+        recovery_outputs=recovery_outputs,
+    )
+    marked = marker(marginal, z_star, hessian, success, *params)
+
     for obs in [*dependents, *latent_fg]:
         fgraph.remove_output(fgraph.outputs.index(obs))
-    potential = ModelPotential()(marginal)
+    potential = ModelPotential()(marked)
     potential.name = "laplace_marginal"
     fgraph.add_output(potential)
-    # Carried through model_from_fgraph (which swaps the ModelVar dummies for the new model's
-    # variables) so that recover_latent finds the mode and Hessian in the new model's terms.
-    prior_inputs = [list(rv.owner.inputs[0].owner.inputs) for rv in latent_fg]
-    n_inputs = [len(inputs) for inputs in prior_inputs]
-    carried = [*z_stars, hessian, success, *(i for inputs in prior_inputs for i in inputs)]
-    for var in carried:
-        fgraph.add_output(var)
     new_model = model_from_fgraph(fgraph, mutate_fgraph=True)
     # model_from_fgraph orders variables topologically; keep the user's order (it is the order
     # of value variables in compile_dlogp, find_MAP and the sampler's progress output).
     order = {rv.name: i for i, rv in enumerate(model.free_RVs)}
     new_model.free_RVs.sort(key=lambda rv: order[rv.name])
-    new = fgraph.outputs[-len(carried) :]
-    new_z_stars, (new_hessian, new_success) = (
-        new[: len(z_stars)],
-        new[len(z_stars) : len(z_stars) + 2],
-    )
-    flat_inputs = iter(new[len(z_stars) + 2 :])
-    new_prior_inputs = [[next(flat_inputs) for _ in range(n)] for n in n_inputs]
-    new_model._pmo_laplace = _LaplaceInfo(
-        names=[rv.name for rv in latent_rvs],
-        dims=[model.named_vars_to_dims.get(rv.name) for rv in latent_rvs],
-        transforms=[rv.owner.op.transform for rv in latent_fg],
-        prior_inputs=new_prior_inputs,
-        modes=new_z_stars,
-        hessian=new_hessian,
-        success=new_success,
-        structure=structure,
-    )
     return new_model
 
 
@@ -255,12 +288,19 @@ def recover_latent(
     """Draw the latent field for every posterior draw of the hyperparameters.
 
     For each draw θ, one draw of the (unconstrained) latent from N(x*(θ), H(θ)⁻¹), mapped to
-    the constrained space, added to ``idata.posterior`` under the latent's name and dims.
+    the constrained space, added to ``idata.posterior`` under the latent's name and dims, with
+    the Deterministics of the latent that :func:`marginalize_laplace` kept out of the marginal
+    model (computed from these draws, under their names and dims).
+
+    Each draw's inner solve is its own problem: its success is recorded per draw, and a draw
+    whose solve fails changes no other draw (a chain whose batched solve reports a failure is
+    solved again draw by draw).
 
     Parameters
     ----------
     marginal_model : pm.Model
-        A model returned by :func:`marginalize_laplace`.
+        A model returned by :func:`marginalize_laplace`, or a transformation of one that keeps
+        its potential (e.g. ``pm.model.fgraph.clone_model``).
     idata : arviz.InferenceData
         With a ``posterior`` group holding the hyperparameters.
     random_seed : int or numpy.random.Generator, optional
@@ -270,13 +310,30 @@ def recover_latent(
     Returns
     -------
     idata : arviz.InferenceData
-        The same object, with the latent variables and ``"<latent>_solved"`` (whether the inner
-        solve converged at that draw) added to its posterior.
+        The same object, with the latent variables, their Deterministics and
+        ``"<latent>_solved"`` (whether the inner solve converged at that draw) added to its
+        posterior. Where it is False, the draw is taken around the solver's last iterate.
 
     Raises
     ------
     TypeError
         If `marginal_model` was not made by :func:`marginalize_laplace`.
+    ValueError
+        If the posterior lacks a hyperparameter or holds one of the wrong shape.
+
+    Notes
+    -----
+    The marginal model has no observed variables, so ``pm.sample_posterior_predictive`` in it
+    returns nothing. Predict and compare models in the *original* model, on the recovered
+    draws::
+
+        idata = pmo.recover_latent(marginal_model, idata)
+        with model:  # the model given to marginalize_laplace
+            pm.sample_posterior_predictive(idata, extend_inferencedata=True)
+        az.loo(pm.compute_log_likelihood(idata, model=model))
+
+    ``pm.compute_log_likelihood`` gives the pointwise log likelihood of the observed variables
+    at the recovered latents (the conditional log likelihood given the latent draw).
 
     Examples
     --------
@@ -301,81 +358,251 @@ def recover_latent(
     >>> bool(np.all(np.abs(draws.mean(axis=0) - (0.3 + y) / 2) < 4 * np.sqrt(0.5 / 4000)))
     True
     """
-    info = getattr(marginal_model, "_pmo_laplace", None)
-    if info is None:
-        raise TypeError(
-            "`marginal_model` must be a model returned by `pmo.marginalize_laplace`; "
-            f"got {marginal_model!r}."
-        )
+    _check_model(marginal_model, "marginal_model", "recover_latent")
+    node = _laplace_node(marginal_model)
+    op = node.op
     rng = np.random.default_rng(random_seed)
     posterior = idata.posterior
     rvs = list(marginal_model.free_RVs)
     missing = [rv.name for rv in rvs if rv.name not in posterior]
     if missing:
         raise ValueError(f"`idata.posterior` lacks the hyperparameters {missing}.")
+    n_chains, n_draws = posterior.sizes["chain"], posterior.sizes["draw"]
+    for rv in rvs:
+        _check_draw_shape(rv, posterior[rv.name].shape, n_chains, n_draws)
 
     # One draw as a graph of the hyperparameters' (constrained) values and standard noise ...
-    mode = pt.concatenate([z.ravel() for z in info.modes])
+    _, mode, hessian, success, *params = node.inputs
     noise = mode.type("noise")
-    draw = info.structure.sample_gaussian(mode, info.hessian, noise)
-    latent_draws, start = [], 0
-    for z_star, transform, inputs in zip(
-        info.modes, info.transforms, info.prior_inputs, strict=True
-    ):
-        size = static_size(z_star)
-        z = draw[start : start + size].reshape(z_star.shape)
-        start += size
-        latent_draws.append(z if transform is None else transform.backward(z, *inputs))
+    draw = op.structure.sample_gaussian(mode, hessian, noise)
+    replace = dict(zip(op.recovery_inputs, [draw, *params], strict=True))
+    recovered = _replace(op.recovery_outputs, replace)
     values = [rv.type(name=rv.name) for rv in rvs]
     outputs = graph_replace(
-        [*latent_draws, info.success], dict(zip(rvs, values, strict=True)), strict=False
+        [*recovered, success], dict(zip(rvs, values, strict=True)), strict=False
     )
-    # ... vectorized over the draws of a chain (graph-native solvers batch natively).
+    # ... vectorized over the draws of a chain (graph-native solvers batch natively) ...
     batched_values = [pt.tensor(dtype=v.dtype, shape=(None, *v.type.shape)) for v in values]
     batched_noise = pt.matrix("noise", dtype=noise.dtype)
     batched = vectorize_graph(
         outputs, dict(zip([*values, noise], [*batched_values, batched_noise], strict=True))
     )
     fn = pytensor.function([*batched_values, batched_noise], batched, on_unused_input="ignore")
+    one_draw = None  # ... and compiled for one draw only if a chain needs it
 
-    n_chains, n_draws = posterior.sizes["chain"], posterior.sizes["draw"]
     chains = range(n_chains)
     if progressbar:
         from rich.progress import track
 
         chains = track(chains, description="recovering latent draws")
+    size = static_size(mode)
     per_chain = []
     for c in chains:
         point = [np.asarray(posterior[rv.name].values[c], dtype=rv.type.dtype) for rv in rvs]
-        eps = rng.standard_normal((n_draws, static_size(mode))).astype(mode.dtype)
-        per_chain.append(fn(*point, eps))
+        eps = rng.standard_normal((n_draws, size)).astype(mode.dtype)
+        out = fn(*point, eps)
+        if not np.all(out[-1]):
+            # A stacked solve may share its stopping test and step length across the batch, so
+            # a failing draw could have changed the others: solve each draw on its own.
+            if one_draw is None:
+                one_draw = pytensor.function([*values, noise], outputs, on_unused_input="ignore")
+            draws = [one_draw(*(v[i] for v in point), eps[i]) for i in range(n_draws)]
+            out = [np.stack([d[k] for d in draws]) for k in range(len(outputs))]
+        per_chain.append(out)
 
     import xarray as xr
 
-    for i, (name, dims) in enumerate(zip(info.names, info.dims, strict=True)):
+    for i, (name, dims) in enumerate(zip(op.output_names, op.dims, strict=True)):
         draws = np.stack([out[i] for out in per_chain])
-        dim_names = ["chain", "draw", *(dims or [f"{name}_dim_{k}" for k in range(draws.ndim - 2)])]
+        dims = list(dims or [])
+        dim_names = [
+            "chain",
+            "draw",
+            *(dims or [f"{name}_dim_{k}" for k in range(draws.ndim - 2)]),
+        ]
         coords = {
             k: np.asarray(marginal_model.coords[k])
-            for k in (dims or [])
-            if k in marginal_model.coords
+            for k in dims
+            if marginal_model.coords.get(k) is not None
         }
         posterior[name] = xr.DataArray(draws, dims=dim_names, coords=coords)
     solved = np.stack([np.broadcast_to(out[-1], (n_draws,)) for out in per_chain])
-    posterior[f"{'_'.join(info.names)}_solved"] = xr.DataArray(solved, dims=["chain", "draw"])
+    posterior[f"{'_'.join(op.latent_names)}_solved"] = xr.DataArray(solved, dims=["chain", "draw"])
     return idata
 
 
-@dataclass
-class _LaplaceInfo:
+class LaplaceInfo(NamedTuple):
+    """What :func:`marginalize_laplace` built, read off a marginal model's graph.
+
+    Attributes
+    ----------
+    names : the marginalized latents.
+    deterministics : the Deterministics of the latent that :func:`recover_latent` computes.
+    structure : the layout of H (`LinearStructure`), chosen or detected.
+    mode : x*(θ), flat and unconstrained, a graph of the model's variables.
+    hessian : H(θ) at the mode, in the structure's compact form.
+    success : whether the inner solve converged.
+    """
+
     names: list[str]
-    dims: list
-    transforms: list
-    prior_inputs: list
-    modes: list
+    deterministics: list[str]
+    structure: LinearStructure
+    mode: TensorVariable
     hessian: TensorVariable
     success: TensorVariable
-    structure: LinearStructure
+
+
+def laplace_info(marginal_model: pm.Model) -> LaplaceInfo:
+    """The Laplace marginal's latent names, Hessian structure, mode, Hessian and success flag.
+
+    Read from the graph of the model's ``laplace_marginal`` potential, so it survives model
+    transformations such as ``pm.model.fgraph.clone_model``.
+
+    Raises
+    ------
+    TypeError
+        If `marginal_model` was not made by :func:`marginalize_laplace`.
+    """
+    _check_model(marginal_model, "marginal_model", "laplace_info")
+    node = _laplace_node(marginal_model)
+    op = node.op
+    _, mode, hessian, success, *_ = node.inputs
+    n = len(op.latent_names)
+    return LaplaceInfo(
+        list(op.latent_names), list(op.output_names[n:]), op.structure, mode, hessian, success
+    )
+
+
+class LaplaceMarginal(Op):
+    """The Laplace marginal's value (its first input, passed through), marked in the model's
+    graph with what :func:`recover_latent` needs.
+
+    Inputs are ``[marginal, mode, hessian, success, *params]``; the inner graph
+    ``recovery_inputs = [z, *placeholders] → recovery_outputs`` maps a flat unconstrained latent
+    draw z and the model variables `params` to the latent variables and their Deterministics.
+    Carried as a node of the potential's graph, this survives what copies a model's graph
+    (``clone_model``, ``do``, ``observe``), where an attribute of the model would not. The
+    marker is removed when the graph is compiled (a canonicalization rewrite), so it costs the
+    sampler nothing; its gradient is the identity on the marginal.
+    """
+
+    view_map = {0: [0]}
+
+    def __init__(
+        self, *, latent_names, output_names, dims, structure, recovery_inputs, recovery_outputs
+    ):
+        self.latent_names = tuple(latent_names)
+        self.output_names = tuple(output_names)
+        self.dims = tuple(None if d is None else tuple(d) for d in dims)
+        self.structure = structure
+        self.recovery_inputs = list(recovery_inputs)
+        self.recovery_outputs = list(recovery_outputs)
+
+    def make_node(self, marginal, mode, hessian, success, *params):
+        inputs = [pt.as_tensor_variable(v) for v in (marginal, mode, hessian, success)]
+        inputs += list(params)
+        return Apply(self, inputs, [inputs[0].type()])
+
+    def perform(self, node, inputs, output_storage):
+        output_storage[0][0] = inputs[0]
+
+    def infer_shape(self, fgraph, node, shapes):
+        return [shapes[0]]
+
+    def L_op(self, inputs, outputs, output_grads):
+        return [output_grads[0], *(disconnected_type() for _ in inputs[1:])]
+
+    def connection_pattern(self, node):
+        return [[True], *([False] for _ in node.inputs[1:])]
+
+    def __str__(self):
+        return f"LaplaceMarginal{{{', '.join(self.latent_names)}}}"
+
+
+@register_canonicalize
+@node_rewriter([LaplaceMarginal])
+def remove_laplace_marker(fgraph, node):
+    """The compiled log density needs only the marginal's value."""
+    return [node.inputs[0]]
+
+
+def _laplace_node(model: pm.Model):
+    for var in model.potentials:
+        node = var.owner
+        if node is not None and isinstance(node.op, LaplaceMarginal):
+            return node
+    raise TypeError(
+        "`marginal_model` must be a model returned by `pmo.marginalize_laplace` (or a copy of "
+        "one, e.g. by `pm.model.fgraph.clone_model`): no potential of the model holds a Laplace "
+        f"marginal; its potentials are {[p.name for p in model.potentials]}. If the model was "
+        "rebuilt by a transformation that drops potentials, call `pmo.marginalize_laplace` on "
+        "the transformed original model instead."
+    )
+
+
+def _check_model(model, argument: str, function: str) -> None:
+    if not isinstance(model, pm.Model):
+        raise TypeError(
+            f"`{argument}` of `{function}` must be a `pm.Model`; got {model!r}. Pass the model "
+            "itself (e.g. `with pm.Model() as model: ...`, then `model`); it is not taken from "
+            "the model context."
+        )
+
+
+def _check_draw_shape(rv, shape, n_chains: int, n_draws: int) -> None:
+    expected = rv.type.shape
+    got = tuple(shape)[2:]
+    if len(got) != len(expected) or any(
+        e is not None and e != g for e, g in zip(expected, got, strict=True)
+    ):
+        expected_text = tuple("?" if e is None else e for e in expected)
+        raise ValueError(
+            f"`idata.posterior[{rv.name!r}]` must have shape (chain, draw, *{expected_text}) "
+            f"(`{rv.name}` in the model has shape {expected_text}); got {tuple(shape)}. Pass the "
+            "posterior of this marginal model (from `pm.sample` on it)."
+        )
+
+
+def _inline_latent_deterministics(fgraph, latent_fg):
+    """Remove the Deterministics that depend on a latent from `fgraph`, writing their
+    expressions in their place (an observed variable may depend on one); return their
+    ``(name, expression)`` in topological order, for recover_latent."""
+    latent_set = set(latent_fg)
+    out = []
+    for node in fgraph.toposort():
+        if not isinstance(node.op, ModelDeterministic):
+            continue
+        var, expression = node.outputs[0], node.inputs[0]
+        if not latent_set & set(ancestors([expression], blockers=list(latent_set))):
+            continue
+        index = fgraph.outputs.index(var)
+        fgraph.replace(var, expression, import_missing=True)
+        fgraph.remove_output(index)
+        out.append((var.name, expression))
+    return out
+
+
+def _replace(outputs, replacements):
+    """`graph_replace` of those `replacements` whose keys `outputs` depend on."""
+    present = set(ancestors(outputs))
+    return graph_replace(
+        outputs, {k: v for k, v in replacements.items() if k in present}, strict=False
+    )
+
+
+def _outer_inputs(outputs, exclude):
+    """The outermost model variables (and shared variables) `outputs` are computed from."""
+    excluded = set(exclude)
+    found = []
+    for v in ancestors(outputs, blockers=None):
+        if v in excluded or isinstance(v, Constant):
+            continue
+        if v.owner is not None and isinstance(v.owner.op, ModelVar):
+            found.append(v)
+        elif v.owner is None:  # data (shared variables) and other roots
+            found.append(v)
+    inner = set(ancestors([i for v in found if v.owner is not None for i in v.owner.inputs]))
+    return [v for v in found if v not in inner]
 
 
 def _check_latents(model: pm.Model, latent) -> list[TensorVariable]:
@@ -402,7 +629,8 @@ def _check_latents(model: pm.Model, latent) -> list[TensorVariable]:
                 f"`latent` {name!r} is discrete ({rv.type.dtype}); the Laplace approximation "
                 "needs a continuous latent."
             )
-        if type(rv.owner.op).__name__ not in _GAUSSIAN_PRIORS:
+        _check_static_size(model, rv)
+        if not _is_gaussian(rv):
             warnings.warn(
                 f"The prior of `{name}` ({type(rv.owner.op).__name__}) is not Gaussian: the "
                 "Laplace approximation may be poor. Check it against full NUTS.",
@@ -411,6 +639,36 @@ def _check_latents(model: pm.Model, latent) -> list[TensorVariable]:
             )
         out.append(rv)
     return out
+
+
+def _is_gaussian(rv) -> bool:
+    kind = type(rv.owner.op).__name__
+    if kind in _GAUSSIAN_PRIORS:
+        return True
+    if kind in _GAUSSIAN_IF_COMPONENTS_ARE:
+        components = [
+            i for i in rv.owner.inputs if i.owner is not None and hasattr(i.owner.op, "ndim_supp")
+        ]
+        return all(type(c.owner.op).__name__ in _GAUSSIAN_PRIORS for c in components)
+    return False
+
+
+def _check_static_size(model: pm.Model, rv) -> None:
+    """A latent's size is fixed when the marginal is built (the inner solve's x0 has it): refuse
+    one whose size follows a pm.Data container, which `pm.set_data` may resize. (A dim's length
+    is a shared variable too, but resizing a dim is a model change, not new data.)"""
+    if None not in rv.type.shape:
+        return
+    containers = set(model.data_vars)
+    data = [v.name for v in ancestors(rv.owner.inputs[1:]) if v in containers]
+    if data:
+        size = np.shape(model.initial_point()[model.rvs_to_values[rv].name])
+        raise NotImplementedError(
+            f"`latent` {rv.name!r} has a shape that depends on the data {sorted(set(data))} "
+            f"(now {size}): the marginal fixes the latent's size when it is built, so changing "
+            "the data afterwards (`pm.set_data`) would be wrong. Give the latent a fixed shape "
+            f"(`shape={size}`, or `dims`) before marginalizing it."
+        )
 
 
 def _detect_hessian_structure(model: pm.Model, latent_rvs, seed: int = 20261130):
@@ -481,7 +739,8 @@ def _observed_dependents(fgraph, latent_fg, latent_rvs):
         else:
             raise NotImplementedError(
                 f"`{var.name}` ({type(node.op).__name__}) depends on a marginalized latent; only "
-                "observed variables may depend on it. Marginalize it too or drop it."
+                "observed variables and Deterministics may depend on it. Marginalize it too or "
+                "drop it."
             )
     for rv, rv_fg in zip(latent_rvs, latent_fg, strict=True):
         if not any(rv_fg in ancestors([d.owner.inputs[0]]) for d in dependents):

@@ -189,3 +189,23 @@ def test_sampling_an_optimum_that_fails_for_half_the_prior_completes():
     # every kept draw is a successful solve (failed ones, b < 0, were rejected)
     assert bool(idata.posterior["x_star_success"].all())
     assert bool((idata.posterior["b"] >= 0).all())
+
+
+def test_a_diagnostic_name_taken_by_a_user_variable_raises():
+    with pm.Model():
+        pm.Normal("w_star_success", 0.0, 1.0)
+        a = pm.Normal("a", 0.0, 1.0)
+        w = pt.scalar("w")
+        with pytest.raises(
+            ValueError,
+            match=r"`name` 'w_star' registers \['w_star', 'w_star_failed', 'w_star_success', "
+            r"'w_star_n_iterations'\], but the model already has \['w_star_success'\]\. Choose "
+            r"another `name`, or pass `diagnostics=False`",
+        ):
+            pmo.Optimum("w_star", (w - a) ** 2, w, x0=0.0)
+
+
+def test_optimum_outside_a_model_raises():
+    a, w = pt.scalar("a"), pt.scalar("w")
+    with pytest.raises(TypeError, match="'w_star' must be called inside a model context"):
+        pmo.Optimum("w_star", (w - a) ** 2, w, x0=0.0)

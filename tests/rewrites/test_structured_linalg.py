@@ -378,7 +378,7 @@ def test_laplace_marginal_with_kronecker_prior_is_exact_for_gaussian_likelihood(
         pm.Normal("y", f, 0.5, observed=y)
     marginal = pmo.marginalize_laplace(model, "f", hessian_structure="dense")
     # The solver's parameters are the factors' Cholesky factors, not the 12 × 12 matrix.
-    solver = marginal._pmo_laplace.success.owner.op
+    solver = pmo.laplace_info(marginal).success.owner.op
     shapes = [p.type.shape for p in solver.problem.inner_params]
     assert (N, N) not in [shape[-2:] for shape in shapes if len(shape) >= 2]
 

@@ -1,0 +1,139 @@
+"""Failures under sampling: counted per chain (rejected proposals included) and reported by
+`pmo.failure_summary`, for agents and for the Laplace marginal, with one and two cores.
+
+The models fail on a known part of the parameter space (an objective or likelihood that is NaN
+there), where nothing else can diverge: a 1-d Gaussian target whose only non-finite values come
+from the failed solves. So every failed evaluation must be a divergence and every divergence a
+failed evaluation — the counts are compared exactly.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import arviz as az
+import numpy as np
+import pymc as pm
+import pytensor.tensor as pt
+import pytest
+
+import pymc_optim as pmo
+from pymc_optim.model.failure import FAILED_EVALUATIONS
+
+SAMPLE = dict(tune=50, draws=50, chains=2, random_seed=11, progressbar=False)
+SAMPLE["compute_convergence_checks"] = False
+
+
+def nan_agent_model(on_failure: str = "reject") -> pm.Model:
+    """x*(a) = a, but the objective is NaN for a > 1: the solve fails there."""
+    with pm.Model() as model:
+        a = pm.Normal("a", 0.0, 1.0)
+        x = pt.scalar("x")
+        objective = pt.switch(a > 1.0, np.nan, (x - a) ** 2)
+        x_star = pmo.Optimum("x_star", objective, x, x0=0.0, on_failure=on_failure)
+        pm.Normal("y", x_star, 1.0, observed=[0.3])
+    return model
+
+
+def nan_laplace_model() -> pm.Model:
+    """A Gaussian latent whose likelihood is NaN for c < 0 (√c scales the latent)."""
+    y = np.array([0.2, -0.4, 1.0, 0.5, 0.1, -0.3])
+    with pm.Model() as model:
+        c = pm.Normal("c", 0.5, 1.0)
+        x = pm.Normal("x", 0.0, 1.0, shape=3)
+        pm.Normal("y", x[np.arange(6) % 3] * pt.sqrt(c), 1.0, observed=y)
+    return pmo.marginalize_laplace(model, "x")
+
+
+def _sample(model, cores):
+    with model:
+        return pm.sample(step=pmo.CountingNUTS(), cores=cores, **SAMPLE)
+
+
+def _summary_expecting_the_warning(idata):
+    with pytest.warns(pmo.PymcOptimWarning, match="Inner solves failed in more than 1% of the"):
+        return pmo.failure_summary(idata)
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+def test_failed_solves_of_an_agent_are_counted_per_chain(cores):
+    idata = _sample(nan_agent_model(), cores)
+    summary = _summary_expecting_the_warning(idata)
+
+    divergences = idata.sample_stats["diverging"].sum("draw").values
+    assert list(summary["divergences"]) == list(divergences)
+    # every rejected failure is a divergence here and nothing else diverges
+    assert list(summary["failed_solves"]) == list(divergences)
+    assert list(summary["draws_with_failures"]) == list(divergences)
+    assert (summary["failed_solves"] > 0).all()
+    assert (summary["unsolved_draws"] == 0).all()  # rejected points are never accepted
+    assert float(idata.posterior["a"].max()) <= 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cores", [1, 2])
+def test_failed_solves_of_a_laplace_marginal_are_counted_per_chain(cores):
+    idata = _sample(nan_laplace_model(), cores)
+    summary = _summary_expecting_the_warning(idata)
+
+    divergences = idata.sample_stats["diverging"].sum("draw").values
+    assert list(summary["failed_solves"]) == list(divergences)
+    assert (summary["failed_solves"] > 0).all()
+    assert float(idata.posterior["c"].min()) >= 0.0
+
+
+def test_the_count_is_one_per_failed_evaluation():
+    logp = nan_laplace_model().compile_logp()
+    label = "the inner solve of the Laplace marginal did not converge"
+    before = FAILED_EVALUATIONS[label]
+    for c in [-0.5, 0.4, -2.0, 1.0, -0.1]:
+        logp({"c": np.array(c)})
+    assert FAILED_EVALUATIONS[label] - before == 3
+
+
+def test_without_the_counting_sampler_divergences_bound_the_failures():
+    with nan_agent_model():
+        idata = pm.sample(cores=1, **SAMPLE)
+    assert "failed_solves" not in idata.sample_stats
+    with pytest.warns(pmo.PymcOptimWarning, match=r"step=pmo.CountingNUTS\(\)"):
+        summary = pmo.failure_summary(idata)
+    assert (summary["failed_solves"] == -1).all()
+    assert list(summary["divergences"]) == list(idata.sample_stats["diverging"].sum("draw"))
+
+
+def test_accepted_unsolved_draws_under_warn_are_counted():
+    """Under "warn" the failed points are accepted: the recorded `_success` flags count them."""
+    posterior = {
+        "a": np.zeros((2, 4)),
+        "x_star_success": np.array([[True, False, True, True], [False, False, True, True]]),
+    }
+    sample_stats = {"diverging": np.zeros((2, 4), dtype=bool), "failed_solves": np.zeros((2, 4))}
+    sample_stats["failed_solves"][0, 1] = sample_stats["failed_solves"][1, :2] = 1
+    idata = az.from_dict(posterior=posterior, sample_stats=sample_stats)
+    with pytest.warns(pmo.PymcOptimWarning, match="chain 0: 1 of 4 draws, chain 1: 2 of 4"):
+        summary = pmo.failure_summary(idata)
+    assert list(summary["unsolved_draws"]) == [1, 2]
+    assert list(summary["failed_solves"]) == [1, 2]
+
+
+def test_rare_failures_do_not_warn():
+    sample_stats = {
+        "diverging": np.zeros((1, 200), dtype=bool),
+        "failed_solves": np.zeros((1, 200)),
+    }
+    sample_stats["failed_solves"][0, 7] = 1  # 0.5 % of the draws
+    idata = az.from_dict(posterior={"a": np.zeros((1, 200))}, sample_stats=sample_stats)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        summary = pmo.failure_summary(idata)
+    assert int(summary["failed_solves"].iloc[0]) == 1
+
+
+def test_warn_policy_counts_its_failed_evaluations():
+    logp = nan_agent_model("warn").compile_logp()
+    label = "the solve for `x_star`"
+    before = FAILED_EVALUATIONS[label]
+    with pytest.warns(pmo.PymcOptimWarning, match="The solve for `x_star` failed"):
+        logp({"a": np.array(2.0)})
+    logp({"a": np.array(0.0)})
+    assert FAILED_EVALUATIONS[label] - before == 1
