@@ -19,6 +19,7 @@ from pymc_optim._linear import _concat_flat, as_linear_structure
 from pymc_optim._newton import DEFAULT_TOL, NewtonOp
 from pymc_optim._scipy import Packer
 from pymc_optim._solver_op import SolverOp, make_solution
+from pymc_optim.linalg.detect import resolve_structure
 
 __all__ = ["FIXED_POINT_METHODS", "FixedPointOp", "fixed_point"]
 
@@ -37,7 +38,7 @@ def fixed_point(
     method: str = "iteration",
     tol: float = DEFAULT_TOL,
     max_iter: int = DEFAULT_MAX_ITER,
-    structure: str = "dense",
+    structure: str = "auto",
     block_size: int | None = None,
 ):
     """Find x* = update(x*, θ); every input of `update`'s graph other than `x` is a parameter.
@@ -58,8 +59,9 @@ def fixed_point(
         Stop when max|T(x) − x| ≤ tol.
     max_iter : int, default 10000
         Iteration limit (for ``"newton"``, Newton steps).
-    structure : {"dense", "diagonal", "block_diagonal"}, default "dense"
-        Layout of I − ∂T/∂x for Newton steps and the implicit gradient (see :func:`minimize`).
+    structure : {"auto", "dense", "diagonal", "block_diagonal"}, default "auto"
+        Layout of I − ∂T/∂x for Newton steps and the implicit gradient (see :func:`minimize`);
+        ``"auto"`` reads it off the update's graph (diagonal when T_i reads x_i only).
     block_size : int, optional
         The block size for ``structure="block_diagonal"``.
 
@@ -111,6 +113,7 @@ def fixed_point(
     structure = as_linear_structure(structure, block_size)
     problem = build_inner_problem(updates, xs, argument="update")
     residual = [xi - ti for xi, ti in zip(problem.inner_xs, problem.inner_outputs, strict=True)]
+    structure = resolve_structure(structure, problem, residual=residual, x0=x0)
     condition = OptimalityCondition(
         problem.inner_xs, problem.inner_params, residual, symmetric=False, structure=structure
     )

@@ -23,6 +23,7 @@ from pymc_optim._newton import NewtonOp, newton_options
 from pymc_optim._solver_op import SolverOp, make_solution
 from pymc_optim._warnings import PymcOptimWarning
 from pymc_optim.constrained import constrained_minimize
+from pymc_optim.linalg.detect import resolve_structure
 
 __all__ = ["MINIMIZE_METHODS", "MinimizeOp", "minimize"]
 
@@ -65,7 +66,7 @@ def minimize(
     constraints=None,
     jac: bool = True,
     hess: bool = False,
-    structure: str = "dense",
+    structure: str = "auto",
     block_size: int | None = None,
     optimizer_kwargs: Mapping | None = None,
 ):
@@ -102,11 +103,15 @@ def minimize(
     hess : bool, default False
         Give scipy the dense Hessian. When False, Hessian-based methods that accept a
         Hessian-vector product (Newton-CG, trust-ncg, trust-krylov, trust-constr) get one.
-    structure : {"dense", "diagonal", "block_diagonal"}, default "dense"
+    structure : {"auto", "dense", "diagonal", "block_diagonal"}, default "auto"
         Layout of the Hessian, used by Newton steps and by the implicit gradient's solve:
         ``"diagonal"`` when each element of x enters the objective separately (independent
         random effects), ``"block_diagonal"`` for consecutive blocks of `block_size` elements.
-        A wrong structure gives wrong gradients: choose it from the model, not by trial.
+        ``"auto"`` reads the layout off the objective's graph (diagonal when it is a sum of
+        terms each of one element of x, else dense; :mod:`pymc_optim.linalg.detect`). An
+        explicit structure is checked at build time, and one that drops nonzero Hessian entries
+        is a ValueError naming them (numerically, when the graph alone cannot prove it fits
+        and every input's shape is known).
     block_size : int, optional
         The block size for ``structure="block_diagonal"``.
     optimizer_kwargs : dict, optional
@@ -154,7 +159,7 @@ def minimize(
     array([1., 1.])
     """
     if bounds is not None or constraints is not None:
-        if not (jac and not hess and structure == "dense" and block_size is None):
+        if not (jac and not hess and structure in ("auto", "dense") and block_size is None):
             raise ValueError(
                 "With `bounds` or `constraints`, `jac`, `hess`, `structure` and `block_size` "
                 "keep their defaults (the KKT system is built from the graph)."
@@ -232,6 +237,9 @@ def minimize(
         )
     condition = None
     if gradient is not None:
+        structure = resolve_structure(
+            structure, problem, residual=gradient, objective=inner_objective, x0=x0
+        )
         condition = OptimalityCondition(
             problem.inner_xs, problem.inner_params, gradient, symmetric=True, structure=structure
         )

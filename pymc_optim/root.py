@@ -20,6 +20,7 @@ from pymc_optim._inner_graph import (
 from pymc_optim._linear import as_linear_structure
 from pymc_optim._newton import NewtonOp, newton_options
 from pymc_optim._solver_op import SolverOp, make_solution
+from pymc_optim.linalg.detect import resolve_structure
 
 __all__ = ["ROOT_METHODS", "RootOp", "root"]
 
@@ -46,7 +47,7 @@ def root(
     x0=None,
     method: str = "hybr",
     jac: bool = True,
-    structure: str = "dense",
+    structure: str = "auto",
     block_size: int | None = None,
     optimizer_kwargs: Mapping | None = None,
 ):
@@ -65,9 +66,10 @@ def root(
         Jacobian and an Armijo line search on ½‖F‖², compiled into the graph (no scipy).
     jac : bool, default True
         Give scipy the Jacobian (built symbolically). Only ``"hybr"`` and ``"lm"`` use it.
-    structure : {"dense", "diagonal", "block_diagonal"}, default "dense"
+    structure : {"auto", "dense", "diagonal", "block_diagonal"}, default "auto"
         Layout of the Jacobian ∂F/∂x, used by Newton steps and the implicit gradient's solve
-        (see :func:`minimize`).
+        (see :func:`minimize`); ``"auto"`` reads it off the equations' graph (diagonal when
+        each equation reads its own element of x only, else dense).
     block_size : int, optional
         The block size for ``structure="block_diagonal"``.
     optimizer_kwargs : dict, optional
@@ -130,6 +132,7 @@ def root(
     )
     structure = as_linear_structure(structure, block_size)
     problem = build_inner_problem(equations, xs, argument="equations")
+    structure = resolve_structure(structure, problem, residual=problem.inner_outputs, x0=x0)
     condition = OptimalityCondition(
         problem.inner_xs,
         problem.inner_params,
