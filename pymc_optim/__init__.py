@@ -8,6 +8,7 @@ from pymc_optim import (
     _vectorize,  # noqa: F401  (registers native batching)
 )
 from pymc_optim._solver_op import SolverInfo, solution_info
+from pymc_optim._structured_linalg import disable_rewrites, enable_rewrites, rewrites_enabled
 from pymc_optim._trace import SolveTrace, solver_trace
 from pymc_optim._warnings import PymcOptimWarning
 from pymc_optim.agents import Equilibrium, Optimum
@@ -26,12 +27,15 @@ __all__ = [
     "PymcOptimWarning",
     "SolveTrace",
     "SolverInfo",
+    "disable_rewrites",
+    "enable_rewrites",
     "fixed_point",
     "lagrange_multipliers",
     "marginalize_laplace",
     "minimize",
     "minimize_scalar",
     "recover_latent",
+    "rewrites_enabled",
     "root",
     "root_scalar",
     "solution_info",

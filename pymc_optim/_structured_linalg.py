@@ -95,7 +95,7 @@ from pytensor.tensor.basic import ExtractDiag
 from pytensor.tensor.blockwise import Blockwise
 from pytensor.tensor.elemwise import DimShuffle, Elemwise
 from pytensor.tensor.math import Dot, Sum
-from pytensor.tensor.nlinalg import Det, KroneckerProduct, SLogDet
+from pytensor.tensor.nlinalg import Det, KroneckerProduct, MatrixInverse, SLogDet
 from pytensor.tensor.random.op import RandomVariable
 from pytensor.tensor.shape import SpecifyShape
 from pytensor.tensor.slinalg import (
@@ -107,10 +107,46 @@ from pytensor.tensor.slinalg import (
     block_diag,
 )
 
-__all__ = ["TAG", "structure_linalg"]
+__all__ = ["TAG", "disable_rewrites", "enable_rewrites", "rewrites_enabled", "structure_linalg"]
 
 #: The tag of every rewrite here: ``get_default_mode().excluding(TAG)`` compiles densely.
 TAG = "pmo_structured_linalg"
+
+#: Whether the rewrites of this module act (see :func:`disable_rewrites`). Checked by every
+#: rewriter when it runs, so turning them off affects every later compilation in the process.
+_ENABLED = True
+
+
+def disable_rewrites() -> None:
+    """Turn off, for the rest of the process, every graph change that importing pymc_optim
+    makes to graphs that do not contain its solvers.
+
+    After this, PyTensor compiles every graph as it would without pymc_optim, and PyMC's
+    MvNormal log density is PyMC's own graph again. The solvers' own rewrites (scalar Newton
+    for one-unknown problems, batched graph-native solves) stay: they only ever touch
+    pymc_optim's Ops. :func:`enable_rewrites` turns them back on.
+
+    Examples
+    --------
+    >>> import pymc_optim as pmo
+    >>> pmo.disable_rewrites()
+    >>> pmo.rewrites_enabled()
+    False
+    >>> pmo.enable_rewrites()
+    """
+    global _ENABLED
+    _ENABLED = False
+
+
+def enable_rewrites() -> None:
+    """Undo :func:`disable_rewrites` (the state after ``import pymc_optim``)."""
+    global _ENABLED
+    _ENABLED = True
+
+
+def rewrites_enabled() -> bool:
+    """Whether the structured linear-algebra rewrites are on (see :func:`disable_rewrites`)."""
+    return _ENABLED
 
 
 def structure_linalg(outputs: Variable | Sequence[Variable]):
@@ -140,7 +176,7 @@ def structure_linalg(outputs: Variable | Sequence[Variable]):
     """
     single = isinstance(outputs, Variable)
     outs = [outputs] if single else list(outputs)
-    if not _has_structure(outs):
+    if not _ENABLED or not _has_structure(outs):
         return outputs if single else outs  # nothing to factor: the very same variables
     # Random variables and PyMC's model-variable markers must stay the very same objects (a
     # model graph holds one node per variable): they stand aside while the rest is cloned.
@@ -448,6 +484,8 @@ def _like(old, new):
 def structured_cholesky(fgraph, node):
     """cholesky(A ⊗ B) = cholesky(A) ⊗ cholesky(B); cholesky(block_diag(Aᵢ)) =
     block_diag(cholesky(Aᵢ))."""
+    if not _ENABLED:
+        return None
     op = _core_op(node.op)
     if not isinstance(op, Cholesky):
         return None
@@ -458,6 +496,8 @@ def structured_cholesky(fgraph, node):
 @node_rewriter([SolveTriangular, Solve, CholeskySolve, Blockwise])
 def structured_solve(fgraph, node):
     """solve(A ⊗ B, b) by the vec trick; solve(block_diag(Aᵢ), b) block by block."""
+    if not _ENABLED:
+        return None
     op = _core_op(node.op)
     if not isinstance(op, SolveTriangular | Solve | CholeskySolve):
         return None
@@ -499,6 +539,8 @@ def structured_solve(fgraph, node):
 def structured_slogdet(fgraph, node):
     """slogdet(A ⊗ B) = (sign(A)ᵐ sign(B)ⁿ, m log|A| + n log|B|); slogdet(block_diag(Aᵢ)) =
     (Π sign(Aᵢ), Σ log|Aᵢ|)."""
+    if not _ENABLED:
+        return None
     if not isinstance(_core_op(node.op), SLogDet):
         return None
     new = _structured_slogdet(node.inputs[0])
@@ -522,6 +564,8 @@ def _scalar_op(node):
 def structured_log_det(fgraph, node):
     """log(det(x)), log(abs(det(x))) and sign(det(x)) of a Kronecker or block-diagonal x
     through the factors' log-determinants."""
+    if not _ENABLED:
+        return None
     scalar_op = _scalar_op(node)
     if isinstance(scalar_op, Log):
         [inner] = node.inputs
@@ -545,6 +589,8 @@ def structured_log_det(fgraph, node):
 def structured_sum_log_diag(fgraph, node):
     """Σ log diag(L) over the last axis of a Kronecker / block-diagonal Cholesky factor L
     (the log-determinant as PyMC's MvNormal writes it) through the factors."""
+    if not _ENABLED:
+        return None
     [logs] = node.inputs
     if logs.owner is None or not isinstance(_scalar_op(logs.owner), Log):
         return None
@@ -569,6 +615,8 @@ def structured_sum_log_diag(fgraph, node):
 @node_rewriter([DimShuffle])
 def structured_transpose(fgraph, node):
     """(A ⊗ B)ᵀ = Aᵀ ⊗ Bᵀ; block_diag(Aᵢ)ᵀ = block_diag(Aᵢᵀ)."""
+    if not _ENABLED:
+        return None
     y = _transposed(node.outputs[0])
     if y is None:
         return None
@@ -583,17 +631,46 @@ def structured_transpose(fgraph, node):
 def structured_matmul(fgraph, node):
     """(A ⊗ B) M = vec(A X Bᵀ) column by column, and M (A ⊗ B) = ((Aᵀ ⊗ Bᵀ) Mᵀ)ᵀ: O(N(n + m))
     per column instead of O(N²) (the gradient of a Cholesky multiplies by Lᵀ)."""
+    if not _ENABLED:
+        return None
     if not isinstance(_core_op(node.op), Dot) or any(i.ndim < 2 for i in node.inputs):
         return None
     left, right = node.inputs
     times = lambda f, r: f @ r  # noqa: E731
-    if factors := _kron_factors(left):
+    left_factors, right_factors = _kron_factors(left), _kron_factors(right)
+    if left_factors and right_factors and _conformable(left_factors, right_factors):
+        # the mixed product (A ⊗ B)(C ⊗ D) = AC ⊗ BD, e.g. PyMC's cov = chol cholᵀ
+        (a, b), (c, d) = left_factors, right_factors
+        return [_like(node.outputs[0], _kron(a @ c, b @ d))]
+    if factors := left_factors:
         new = _kron_solve(*factors, right, 2, times)
-    elif factors := _kron_factors(right):
+    elif factors := right_factors:
         new = _kron_solve(*(f.mT for f in factors), left.mT, 2, times).mT
     else:
         return None
     return [_like(node.outputs[0], new)]
+
+
+def _conformable(left_factors, right_factors) -> bool:
+    """Whether A C and B D exist for (A ⊗ B)(C ⊗ D), from the static shapes."""
+    return all(
+        f.type.shape[-1] is not None and f.type.shape[-1] == g.type.shape[-2]
+        for f, g in zip(left_factors, right_factors, strict=True)
+    )
+
+
+@node_rewriter([MatrixInverse, Blockwise])
+def structured_inverse(fgraph, node):
+    """(A ⊗ B)⁻¹ = A⁻¹ ⊗ B⁻¹; block_diag(Aᵢ)⁻¹ = block_diag(Aᵢ⁻¹) (PyMC's MvNormal with
+    ``tau=`` inverts the precision)."""
+    if not _ENABLED or not isinstance(_core_op(node.op), MatrixInverse):
+        return None
+    [x] = node.inputs
+    if factors := _kron_factors(x):
+        return [_like(node.outputs[0], _kron(*(pt.linalg.inv(f) for f in factors)))]
+    if blocks := _blocks(x):
+        return [_like(node.outputs[0], block_diag(*(pt.linalg.inv(blk) for blk in blocks)))]
+    return None
 
 
 @node_rewriter([Blockwise])
@@ -603,6 +680,8 @@ def one_matrix_many_columns(fgraph, node):
 
     A vectorized Jacobian (the Laplace Hessian, the Newton system) solves with the prior's
     Cholesky factor once per direction; as a Blockwise that is a Python loop of small solves."""
+    if not _ENABLED:
+        return None
     op = node.op.core_op
     if not isinstance(op, SolveTriangular | Solve | CholeskySolve) or op.b_ndim != 2:
         return None
@@ -625,6 +704,8 @@ def batched_slogdet(fgraph, node):
     PyTensor 2.38's ``slogdet_specialization`` builds ``SLogDet`` (core, 2-D only) for any
     ``det`` and fails on a batch; this runs first (stabilize) and leaves ``det`` to its other
     clients (e.g. a gradient)."""
+    if not _ENABLED:
+        return None
     if not (isinstance(node.op.core_op, Det) and node.inputs[0].ndim > 2):
         return None
     [det_out] = node.outputs
@@ -655,6 +736,7 @@ _REWRITERS = (
     structured_sum_log_diag,
     structured_transpose,
     structured_matmul,
+    structured_inverse,
     one_matrix_many_columns,
 )
 
@@ -676,6 +758,31 @@ def _register():
     from pymc.logprob.rewriting import logprob_rewrites_db
 
     logprob_rewrites_db.register(f"{TAG}_logp", _equilibrium(), "cleanup", TAG, position=6)
+    _factor_pymc_log_densities()
+
+
+def _factor_pymc_log_densities():
+    """PyMC's MvNormal log density, factored as soon as PyMC builds it.
+
+    ``pm.logp(pm.MvNormal.dist(cov=kron(A, B)), x)`` (inside a model or not), ``model.logp()``
+    and so ``compile_logp``, ``compile_dlogp``, ``logp_dlogp_function`` and ``pm.sample`` all
+    derive the density through PyMC's ``_logprob`` dispatch; wrapping PyMC's own MvNormal
+    function there makes the returned graph pass through :func:`structure_linalg` before anyone
+    differentiates it (compile-time rewrites alone act after ``pytensor.grad`` and leave the
+    dense (N, N) Cholesky gradient in place). A graph without Kronecker or block-diagonal
+    matrices comes back as the very same variables."""
+    from pymc.distributions.multivariate import MvNormalRV
+    from pymc.logprob.abstract import _logprob
+
+    pymc_logp = _logprob.dispatch(MvNormalRV)
+    if getattr(pymc_logp, "_pmo_factored", False):
+        return  # already wrapped (the module was reloaded)
+
+    def factored_logp(op, values, *inputs, **kwargs):
+        return structure_linalg(pymc_logp(op, values, *inputs, **kwargs))
+
+    factored_logp._pmo_factored = True
+    _logprob.register(MvNormalRV)(factored_logp)
 
 
 _register()
