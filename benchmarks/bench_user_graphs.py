@@ -154,17 +154,24 @@ def _mvnormal_case(name, rng):
     return build, values
 
 
+def _kernel(points, lengthscale):
+    """Squared-exponential kernel (+ 1e-3 jitter) on a 1-d grid."""
+    d2 = (points[:, None] - points[None, :]) ** 2
+    return pt.exp(-0.5 * d2 / lengthscale**2) + 1e-3 * np.eye(points.size)
+
+
 def _model_case(name, rng):
-    """compile_logp + compile_dlogp / logp_dlogp_function of a model with the prior."""
-    values = [_spd(rng, 30), _spd(rng, 30)]
-    A, B = (pt.constant(v) for v in values)
+    """compile_logp + compile_dlogp / logp_dlogp_function of a space–time prior in a model."""
+    grid = np.linspace(0, 1, 30)
     point_x = rng.normal(size=900)
 
     def build():
         with pm.Model() as model:
-            scale = pm.HalfNormal("scale")
-            pm.MvNormal("x", mu=0, cov=scale * pt.linalg.kron(A, B))
-        point = {"scale_log__": np.log(0.9), "x": point_x}
+            ell_t = pm.HalfNormal("ell_t")
+            ell_s = pm.HalfNormal("ell_s")
+            cov = pt.linalg.kron(_kernel(grid, ell_t), _kernel(grid, ell_s))
+            pm.MvNormal("x", mu=0, cov=cov)
+        point = {"ell_t_log__": np.log(0.3), "ell_s_log__": np.log(0.5), "x": point_x}
         if name == "model.compile_logp + compile_dlogp":
             logp, dlogp = model.compile_logp(), model.compile_dlogp()
             return lambda: (logp(point), dlogp(point))
@@ -216,9 +223,15 @@ def table_kronecker(ok: bool) -> bool:
 
 
 def _flatten(out):
+    """Every array of `out`; square matrices (gradients with respect to a covariance factor)
+    symmetrized: only symmetric directions are meaningful for a symmetric matrix argument, and
+    the dense and factored Cholesky gradients differ in their antisymmetric part."""
     if isinstance(out, tuple | list):
-        return [np.asarray(v) for o in out for v in _flatten(o)]
-    return [np.asarray(out)]
+        return [v for o in out for v in _flatten(o)]
+    out = np.asarray(out)
+    if out.ndim == 2 and out.shape[0] == out.shape[1]:
+        out = (out + out.T) / 2
+    return [out]
 
 
 def main() -> int:

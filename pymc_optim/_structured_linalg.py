@@ -42,9 +42,31 @@ Gradients. Compile-time rewrites act after ``pytensor.grad`` has already differe
 graph: the Cholesky gradient of a Kronecker covariance then still builds an (N, N) cotangent (its
 triangular solves go through the factors, O(N^2.5), but the dense O(N²) memory remains).
 :func:`structure_linalg` applies the same rewrites to a graph *before* it is differentiated, so
-the gradient is taken of the factored graph and never forms an (N, N) matrix. PyMC's
-``model.logp()`` (hence ``compile_logp``, ``compile_dlogp``, ``pm.sample``) is passed through it
-automatically: the rewrites are registered in PyMC's logprob ``cleanup`` pass.
+the gradient is taken of the factored graph and never forms an (N, N) matrix. PyMC's MvNormal
+log density is passed through it as PyMC builds it: importing pymc_optim wraps PyMC's
+``_logprob`` function for ``MvNormalRV``, so ``pm.logp(pm.MvNormal.dist(cov=kron(A, B)), x)``
+inside or outside a model, ``model.logp()``, ``compile_logp``, ``compile_dlogp``,
+``logp_dlogp_function`` and ``pm.sample`` all differentiate the factored density (measured in
+``benchmarks/bench_user_graphs.py``: 900 dimensions, value and gradient, ≥ 20× faster).
+
+What importing pymc_optim changes for every graph of the process
+----------------------------------------------------------------
+- PyTensor's ``optdb``: the rewrites above (tag `TAG`) in the ``fast_run`` passes, and
+  ``pmo_batched_slogdet`` (stabilize). Each acts only on a Cholesky, solve, inverse,
+  determinant, transpose or product whose matrix is a ``kron`` or ``block_diag`` (or, for
+  ``pmo_batched_slogdet``, a batched ``det`` PyTensor 2.38 cannot compile): a graph without them
+  compiles to exactly what it compiles to without pymc_optim (tested in
+  ``tests/test_user_graphs.py``).
+- PyMC's logprob database: the same rewrites in the ``cleanup`` pass, and the MvNormal
+  ``_logprob`` wrapper (a density without Kronecker or block-diagonal matrices comes back as
+  PyMC's very same graph).
+- The solvers' own rewrites (:mod:`pymc_optim._rewrites`, :mod:`pymc_optim._vectorize`) act only
+  on pymc_optim's Ops.
+
+:func:`disable_rewrites` (``pmo.disable_rewrites()``) turns all of the first two off for the
+rest of the process (every rewriter and the wrapper check the switch when they run);
+:func:`enable_rewrites` turns them back on; ``mode.excluding(TAG)`` turns off the compile-time
+part for one function.
 
 Symmetry. Like PyTensor's own lift, the Cholesky rewrites assume that the factors are symmetric
 (``cholesky`` reads one triangle; the triangle of A ⊗ B holds entries from both triangles of B).
@@ -90,7 +112,7 @@ from pytensor.graph.fg import FunctionGraph
 from pytensor.graph.replace import graph_replace, vectorize_graph
 from pytensor.graph.rewriting.basic import EquilibriumGraphRewriter, node_rewriter
 from pytensor.graph.traversal import apply_ancestors
-from pytensor.scalar.basic import Abs, Log, Sign
+from pytensor.scalar.basic import Abs, Log, Mul, Sign
 from pytensor.tensor.basic import ExtractDiag
 from pytensor.tensor.blockwise import Blockwise
 from pytensor.tensor.elemwise import DimShuffle, Elemwise
@@ -106,6 +128,7 @@ from pytensor.tensor.slinalg import (
     SolveTriangular,
     block_diag,
 )
+from pytensor.tensor.subtensor import Subtensor
 
 __all__ = ["TAG", "disable_rewrites", "enable_rewrites", "rewrites_enabled", "structure_linalg"]
 
@@ -240,6 +263,12 @@ def _kron_factors(x):
     if isinstance(node.op, KroneckerProduct):
         a, b = node.inputs
         return (a, b) if a.ndim == 2 and b.ndim == 2 else None
+    if isinstance(node.op, Elemwise) and isinstance(node.op.scalar_op, Mul) and x.ndim == 2:
+        # c (A ⊗ B) = (c A) ⊗ B for a scalar c (a variance times a correlation structure)
+        if len(node.inputs) == 2:
+            for k, c in (node.inputs, node.inputs[::-1]):
+                if all(c.type.broadcastable) and (factors := _kron_factors(k)):
+                    return (c * factors[0], factors[1])
     if isinstance(node.op, Blockwise) and isinstance(node.op.core_op, KroneckerProduct):
         return tuple(node.inputs)
     return None
@@ -259,8 +288,11 @@ def _blocks(x):
 
 
 def _unspecified(x):
-    """x without the SpecifyShape wrappers that replacements put on it."""
-    while x.owner is not None and isinstance(x.owner.op, SpecifyShape):
+    """x without the SpecifyShape wrappers that replacements put on it, nor ``x[()]``."""
+    while x.owner is not None and (
+        isinstance(x.owner.op, SpecifyShape)
+        or (isinstance(x.owner.op, Subtensor) and not x.owner.op.idx_list)
+    ):
         x = x.owner.inputs[0]
     return x
 
@@ -274,7 +306,16 @@ def _dimshuffle(x):
 
 
 def _squeezed(x):
-    """y if x is y without some leading broadcastable axes (a Blockwise gradient's squeeze)."""
+    """y if x is y without some leading broadcastable axes (a Blockwise gradient's squeeze, or
+    ``y[0, …, 0]`` of a padded y, as batched factors are indexed back)."""
+    node = _unspecified(x).owner
+    if node is not None and isinstance(node.op, Subtensor):
+        y = node.inputs[0]
+        k = y.ndim - x.ndim
+        scalar = all(not isinstance(i, slice) for i in node.op.idx_list)
+        if k > 0 and scalar and len(node.op.idx_list) == k and all(y.type.broadcastable[:k]):
+            return y
+        return None
     y, order = _dimshuffle(x)
     if y is None:
         return None
@@ -637,7 +678,7 @@ def structured_matmul(fgraph, node):
         return None
     left, right = node.inputs
     times = lambda f, r: f @ r  # noqa: E731
-    left_factors, right_factors = _kron_factors(left), _kron_factors(right)
+    left_factors, right_factors = _kron_factors_of(left), _kron_factors_of(right)
     if left_factors and right_factors and _conformable(left_factors, right_factors):
         # the mixed product (A ⊗ B)(C ⊗ D) = AC ⊗ BD, e.g. PyMC's cov = chol cholᵀ
         (a, b), (c, d) = left_factors, right_factors
@@ -649,6 +690,15 @@ def structured_matmul(fgraph, node):
     else:
         return None
     return [_like(node.outputs[0], new)]
+
+
+def _kron_factors_of(x):
+    """The factors of x = A ⊗ B or of x = (A ⊗ B)ᵀ = Aᵀ ⊗ Bᵀ (PyMC's chol cholᵀ)."""
+    if factors := _kron_factors(x):
+        return factors
+    if (y := _transposed(x)) is not None and (factors := _kron_factors(y)):
+        return tuple(f.mT for f in factors)
+    return None
 
 
 def _conformable(left_factors, right_factors) -> bool:
@@ -728,7 +778,27 @@ def batched_slogdet(fgraph, node):
     return {old: _like(old, new) for old, new in replacements.items()} or None
 
 
+@node_rewriter([ExtractDiag])
+def structured_diagonal(fgraph, node):
+    """diag(A ⊗ B) = diag A ⊗ diag B; diag(block_diag(Aᵢ)) = [diag A₁, …] (PyMC's
+    positive-definiteness check reads the Cholesky factor's diagonal)."""
+    if not _ENABLED:
+        return None
+    op = node.op
+    [x] = node.inputs
+    if op.offset != 0 or x.ndim != 2:
+        return None
+    if factors := _kron_factors(x):
+        a, b = (pt.diagonal(f) for f in factors)
+        return [_like(node.outputs[0], pt.outer(a, b).ravel())]
+    if blocks := _blocks(x):
+        if all(blk.ndim == 2 for blk in blocks):
+            return [_like(node.outputs[0], pt.concatenate([pt.diagonal(b) for b in blocks]))]
+    return None
+
+
 _REWRITERS = (
+    structured_diagonal,
     structured_cholesky,
     structured_solve,
     structured_slogdet,

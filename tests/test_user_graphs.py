@@ -134,7 +134,8 @@ def test_root_and_fixed_point_detect_element_wise_equations():
     fn = pytensor.function([c], [x_star, pt.grad(x_star.sum(), c), success])
     root, g, ok = fn(c_value)
     assert ok
-    np.testing.assert_allclose(root, np.cbrt(c_value), rtol=1e-10)
+    # Newton stops at max|F| ≤ 1e-8 (its default tol): |x − ∛c| ≤ 1e-8 / (3 x²) to first order
+    np.testing.assert_allclose(root, np.cbrt(c_value), atol=1e-8 / (3 * np.cbrt(c_value) ** 2))
     np.testing.assert_allclose(g, c_value ** (-2 / 3) / 3, rtol=1e-8)
 
     x_fp, _ = pmo.fixed_point(pt.cos(x) * c, x, x0=pt.zeros_like(c), method="newton")
@@ -246,7 +247,14 @@ def test_pm_logp_of_kronecker_mvnormal_is_factored(form):
         pmo.enable_rewrites()
     assert n in _cholesky_sizes(ref)  # the reference is PyMC's dense graph
     for g, r in zip(got, ref(*values, x_value), strict=True):
-        np.testing.assert_allclose(g, r, rtol=1e-8, atol=1e-10)
+        # a gradient with respect to a symmetric matrix is meaningful in symmetric directions
+        # only: the dense and the factored Cholesky gradients differ in their antisymmetric part
+        np.testing.assert_allclose(_symmetric(g), _symmetric(r), rtol=1e-8, atol=1e-10)
+
+
+def _symmetric(a):
+    a = np.asarray(a)
+    return (a + a.T) / 2 if a.ndim == 2 else a
 
 
 def test_kronecker_mvnormal_in_a_model_is_factored_in_every_compiled_function():
