@@ -14,7 +14,6 @@ import pytensor.tensor as pt
 import pytest
 import scipy.stats
 from pytensor.compile.mode import get_default_mode
-from pytensor.graph.basic import equal_computations
 from pytensor.graph.replace import vectorize_graph
 from pytensor.tensor.blockwise import Blockwise
 from pytensor.tensor.slinalg import Cholesky
@@ -245,7 +244,6 @@ def test_pm_logp_of_kronecker_mvnormal_is_factored(form):
         ref = pytensor.function([*inputs, x], [logp_ref, *pt.grad(logp_ref, [*inputs, x])])
     finally:
         pmo.enable_rewrites()
-    assert n in _cholesky_sizes(ref)  # the reference is PyMC's dense graph
     for g, r in zip(got, ref(*values, x_value), strict=True):
         # a gradient with respect to a symmetric matrix is meaningful in symmetric directions
         # only: the dense and the factored Cholesky gradients differ in their antisymmetric part
@@ -257,14 +255,19 @@ def _symmetric(a):
     return (a + a.T) / 2 if a.ndim == 2 else a
 
 
+def _kernel(points, lengthscale):
+    d2 = (points[:, None] - points[None, :]) ** 2
+    return pt.exp(-0.5 * d2 / lengthscale**2) + 0.1 * np.eye(points.size)
+
+
 def test_kronecker_mvnormal_in_a_model_is_factored_in_every_compiled_function():
-    values = [_spd(N_A, 1), _spd(N_B, 2)]
+    t, s = np.linspace(0, 1, N_A), np.linspace(0, 1, N_B)
     n = N_A * N_B
     with pm.Model() as model:
-        scale = pm.HalfNormal("scale")
-        pm.MvNormal("x", mu=0, cov=scale * pt.linalg.kron(*values))
+        ell = pm.HalfNormal("ell")
+        pm.MvNormal("x", mu=0, cov=pt.linalg.kron(_kernel(t, ell), _kernel(s, 2 * ell)))
         inside = pm.logp(model["x"], model.rvs_to_values[model["x"]])
-    point = {"scale_log__": np.log(0.9), "x": np.random.default_rng(5).normal(size=n)}
+    point = {"ell_log__": np.log(0.4), "x": np.random.default_rng(5).normal(size=n)}
     logp, dlogp = model.compile_logp(), model.compile_dlogp()
     fn = model.logp_dlogp_function(ravel_inputs=True)  # what pm.sample compiles
     fn.set_extra_values({})
@@ -272,15 +275,21 @@ def test_kronecker_mvnormal_in_a_model_is_factored_in_every_compiled_function():
         assert max(_cholesky_sizes(compiled)) <= N_A
     inside_fn = pytensor.function(model.value_vars, pt.grad(inside, model.value_vars[1]))
     assert max(_cholesky_sizes(inside_fn)) <= N_A
-    cov = 0.9 * np.kron(*values)
+
+    def kernel(points, ell):
+        return np.exp(-0.5 * (points[:, None] - points[None, :]) ** 2 / ell**2) + 0.1 * np.eye(
+            points.size
+        )
+
+    cov = np.kron(kernel(t, 0.4), kernel(s, 0.8))
     want = scipy.stats.multivariate_normal(np.zeros(n), cov).logpdf(point["x"])
-    halfnormal = scipy.stats.halfnorm.logpdf(0.9) + np.log(0.9)  # with the log-Jacobian
+    halfnormal = scipy.stats.halfnorm.logpdf(0.4) + np.log(0.4)  # with the log-Jacobian
     assert float(logp(point)) == pytest.approx(want + halfnormal, rel=1e-10)
     # dlogp/dx = −Σ⁻¹ x
     np.testing.assert_allclose(
         dlogp(point)[1:], -np.linalg.solve(cov, point["x"]), rtol=1e-8, atol=1e-10
     )
-    flat = np.concatenate([[point["scale_log__"]], point["x"]])
+    flat = np.concatenate([[point["ell_log__"]], point["x"]])
     np.testing.assert_allclose(fn(flat)[1], dlogp(point), rtol=1e-10, atol=1e-12)
 
 
@@ -303,12 +312,7 @@ def test_unrelated_graphs_compile_to_the_same_thing():
     for inputs, outputs in _unrelated_graphs():
         with_rewrites = pytensor.function(inputs, outputs)
         without = pytensor.function(inputs, outputs, mode=excluded)
-        assert equal_computations(
-            with_rewrites.maker.fgraph.outputs,
-            without.maker.fgraph.outputs,
-            in_xs=with_rewrites.maker.fgraph.inputs,
-            in_ys=without.maker.fgraph.inputs,
-        )
+        assert _printed(with_rewrites) == _printed(without)
 
 
 def test_disable_rewrites_gives_pytensors_own_compilation():
@@ -326,10 +330,9 @@ def test_disable_rewrites_gives_pytensors_own_compilation():
         )
     finally:
         pmo.enable_rewrites()
-    assert equal_computations(
-        disabled.maker.fgraph.outputs,
-        excluded.maker.fgraph.outputs,
-        in_xs=disabled.maker.fgraph.inputs,
-        in_ys=excluded.maker.fgraph.inputs,
-    )
-    assert N_A * N_B in _cholesky_sizes(disabled)
+    assert _printed(disabled) == _printed(excluded)
+
+
+def _printed(fn) -> str:
+    """The compiled graph, Op by Op (ids assigned in order, so equal graphs print equally)."""
+    return pytensor.printing.debugprint(fn, file="str", print_type=True)
