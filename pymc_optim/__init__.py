@@ -18,6 +18,11 @@ from pymc_optim.problems.root import root
 from pymc_optim.problems.root_scalar import root_scalar
 from pymc_optim.rewrites import scalar as _scalar  # noqa: F401  (registers the rewrite)
 from pymc_optim.rewrites import structured_linalg as _structured_linalg  # noqa: F401  (same)
+from pymc_optim.rewrites.structured_linalg import (
+    disable_rewrites,
+    enable_rewrites,
+    rewrites_enabled,
+)
 
 __all__ = [
     "CountingNUTS",
@@ -28,6 +33,8 @@ __all__ = [
     "PymcOptimWarning",
     "SolveTrace",
     "SolverInfo",
+    "disable_rewrites",
+    "enable_rewrites",
     "failure_summary",
     "fit_inla",
     "fixed_point",
@@ -38,6 +45,7 @@ __all__ = [
     "minimize_scalar",
     "plot_inla_marginals",
     "recover_latent",
+    "rewrites_enabled",
     "root",
     "root_scalar",
     "solution_info",

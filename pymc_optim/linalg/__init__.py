@@ -1,1 +1,1 @@
-"""The linear algebra of A = ∂F/∂x: its structure, its solve and its log-determinant."""
+"""The linear algebra of A = âF/âx: its structures, their detection, solves and log-determinants."""

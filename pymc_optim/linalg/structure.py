@@ -108,12 +108,25 @@ class LinearStructure:
 
 
 def as_linear_structure(structure, block_size=None, argument: str = "structure"):
-    """Validate the user's `structure` (a name) and `block_size`."""
+    """Validate the user's `structure` (a name) and `block_size`.
+
+    ``"auto"`` comes back as the string ``"auto"``: the layout is read off the graph later, by
+    :func:`pymc_optim.linalg.detect.resolve_structure`, once F exists.
+    """
     if isinstance(structure, LinearStructure):
         return structure
+    if structure == "auto":
+        if block_size is not None:
+            raise ValueError(
+                f"`block_size` is only used with `{argument}='block_diagonal'`; got "
+                f"`{argument}='auto'` and block_size={block_size!r}. Drop `block_size`, or pass "
+                f"`{argument}='block_diagonal'`."
+            )
+        return "auto"
     if structure not in STRUCTURES:
         raise ValueError(
-            f"`{argument}` must be one of {', '.join(map(repr, STRUCTURES))}; got {structure!r}."
+            f"`{argument}` must be one of {', '.join(map(repr, ('auto', *STRUCTURES)))}; got "
+            f"{structure!r}."
         )
     if structure == "block_diagonal":
         if not isinstance(block_size, int | np.integer) or block_size < 1:

@@ -31,17 +31,16 @@ from pymc_optim._warnings import PymcOptimWarning
 from pymc_optim.backends.packing import Packer
 from pymc_optim.graph.inner_graph import static_size
 from pymc_optim.implicit import OptimalityCondition
-from pymc_optim.linalg.structure import LinearStructure, as_linear_structure, structure_from_pattern
+from pymc_optim.linalg import detect
+from pymc_optim.linalg.structure import LinearStructure, as_linear_structure
 from pymc_optim.model.failure import apply_failure_policy, check_on_failure
 from pymc_optim.problems.minimize import minimize
 
 __all__ = ["LaplaceInfo", "laplace_info", "marginalize_laplace", "recover_latent"]
 
-#: Largest latent size whose Hessian pattern "auto" computes (the pattern is a dense boolean
-#: (d, d) array: 10⁸ bytes at this size). Larger latents need an explicit `hessian_structure`.
-AUTO_STRUCTURE_MAX_SIZE = 10_000
-#: Hessian-vector products per compiled call when probing the pattern (bounds the memory).
-_PROBE_CHUNK = 128
+#: Largest latent size whose numerical Hessian pattern "auto" computes (see
+#: :mod:`pymc_optim.linalg.detect`). Larger latents get the structural reading only.
+AUTO_STRUCTURE_MAX_SIZE = detect.NUMERIC_MAX_SIZE
 #: Latent priors for which the Laplace approximation is exact given a Gaussian likelihood.
 #: By the class name of their Op in PyMC 5.28 (pm.Normal, pm.MvNormal with `cov`, `chol` or `tau`,
 #: pm.ZeroSumNormal, pm.CAR, pm.ICAR, pm.MatrixNormal, pm.KroneckerNormal; pm.gp latents are
@@ -174,12 +173,9 @@ def marginalize_laplace(
     _check_model(model, "model", "marginalize_laplace")
     check_on_failure(on_failure)
     latent_rvs = _check_latents(model, latent)
-    if hessian_structure == "auto":
-        if block_size is not None:
-            raise ValueError("`block_size` is only used with `hessian_structure='block_diagonal'`.")
-        structure = _detect_hessian_structure(model, latent_rvs)
-    else:
-        structure = as_linear_structure(hessian_structure, block_size, "hessian_structure")
+    structure = _detect_hessian_structure(
+        model, latent_rvs, as_linear_structure(hessian_structure, block_size, "hessian_structure")
+    )
 
     fgraph, memo = fgraph_from_model(model, inlined_views=True)
     latent_fg = [memo[rv] for rv in latent_rvs]
@@ -671,55 +667,75 @@ def _check_static_size(model: pm.Model, rv) -> None:
         )
 
 
-def _detect_hessian_structure(model: pm.Model, latent_rvs, seed: int = 20261130):
-    """The layout of −∇²ℓ in the flat unconstrained latent, read off two random points."""
+def _detect_hessian_structure(
+    model: pm.Model, latent_rvs, structure="auto", seed: int = 20261130
+) -> LinearStructure:
+    """The layout of −∇²ℓ in the flat unconstrained latent: detected for ``"auto"``, else the
+    explicit `structure` verified (a ValueError if it drops nonzero entries).
+
+    The shared detection of :mod:`pymc_optim.linalg.detect`: the graph's structural reading
+    first (no compilation); where it proves nothing, the numerical pattern at random points of
+    the model (each variable jittered uniformly in (−1, 1) around its initial value in the
+    unconstrained space: a structure can depend on the hyperparameters too).
+    """
     values = [model.rvs_to_values[rv] for rv in latent_rvs]
     start = model.initial_point()
     shapes = [np.shape(start[v.name]) for v in values]
     d = sum(int(np.prod(shape, dtype=int)) for shape in shapes)
-    if d > AUTO_STRUCTURE_MAX_SIZE:
-        warnings.warn(
-            f"`hessian_structure='auto'`: the latent has {d} elements, more than "
-            f"{AUTO_STRUCTURE_MAX_SIZE}; using 'dense'. Pass `hessian_structure` explicitly.",
-            PymcOptimWarning,
-            stacklevel=3,
-        )
-        return LinearStructure("dense")
     z = pt.vector("z", dtype=values[0].dtype, shape=(d,))
     logp = graph_replace(
         model.logp(jacobian=True), dict(zip(values, _split(z, shapes), strict=True)), strict=False
     )
-    gradient = grad(logp, z)
-    direction = z.type("direction")
-    directions = pt.matrix("directions", dtype=z.dtype)
-    hvp = vectorize_graph(grad((gradient * direction).sum(), z), {direction: directions})
-    others = [v for v in model.value_vars if v not in values]
-    fn = pytensor.function([z, *others, directions], hvp, on_unused_input="ignore")
+    proved = detect.hessian_structure(logp, [z])
+    if structure == "auto" and proved.kind == "diagonal":
+        return proved
 
-    rng = np.random.default_rng(seed)
-    pattern, found = np.zeros((d, d), dtype=bool), 0
-    for _ in range(8):  # two finite points, with a few retries at jitters that fail
-        point = {
-            name: value + rng.uniform(-1, 1, np.shape(value)).astype(value.dtype)
-            if np.issubdtype(np.asarray(value).dtype, np.floating)
-            else value
-            for name, value in start.items()
-        }
-        flat = np.concatenate([np.ravel(point[v.name]) for v in values]).astype(z.dtype)
-        rest = [point[v.name] for v in others]
-        hessian = np.concatenate(
-            [
-                fn(flat, *rest, np.eye(d, dtype=z.dtype)[i : i + _PROBE_CHUNK])
-                for i in range(0, d, _PROBE_CHUNK)
-            ]
+    def pattern():
+        if d > detect.NUMERIC_MAX_SIZE:
+            return None
+        gradient = grad(logp, z)
+        direction = z.type("direction")
+        directions = pt.matrix("directions", dtype=z.dtype)
+        hvp = vectorize_graph(grad((gradient * direction).sum(), z), {direction: directions})
+        others = [v for v in model.value_vars if v not in values]
+        fn = pytensor.function([z, *others, directions], hvp, on_unused_input="ignore")
+        rng = np.random.default_rng(seed)
+
+        def points():
+            for _ in range(8):  # two finite points, with a few retries at jitters that fail
+                point = {
+                    name: value + rng.uniform(-1, 1, np.shape(value)).astype(value.dtype)
+                    if np.issubdtype(np.asarray(value).dtype, np.floating)
+                    else value
+                    for name, value in start.items()
+                }
+                flat = np.concatenate([np.ravel(point[v.name]) for v in values]).astype(z.dtype)
+                yield flat, [point[v.name] for v in others]
+
+        return detect.numeric_pattern(
+            lambda point, rows: fn(point[0], *point[1], rows.astype(z.dtype)), d, points()
         )
-        if not np.all(np.isfinite(hessian)):
-            continue
-        pattern |= hessian != 0
-        found += 1
-        if found == 2:
-            return structure_from_pattern(pattern | pattern.T)
-    return LinearStructure("dense")
+
+    if structure != "auto":
+        detect.verify_structure(
+            structure,
+            proved,
+            pattern,
+            argument="hessian_structure",
+            what="the Hessian of the log density in the latent",
+        )
+        return structure
+    if d > detect.NUMERIC_MAX_SIZE:
+        warnings.warn(
+            f"`hessian_structure='auto'`: the latent has {d} elements, more than "
+            f"{detect.NUMERIC_MAX_SIZE}, and the graph alone does not prove a diagonal Hessian; "
+            "using 'dense'. Pass `hessian_structure` explicitly.",
+            PymcOptimWarning,
+            stacklevel=3,
+        )
+        return LinearStructure("dense")
+    found = pattern()
+    return LinearStructure("dense") if found is None else detect.structure_of_pattern(found)
 
 
 def _observed_dependents(fgraph, latent_fg, latent_rvs):

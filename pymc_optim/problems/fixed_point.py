@@ -16,6 +16,7 @@ from pymc_optim.graph.inner_graph import (
 )
 from pymc_optim.graph.solver_op import make_solution
 from pymc_optim.implicit import OptimalityCondition
+from pymc_optim.linalg.detect import resolve_structure
 from pymc_optim.linalg.structure import as_linear_structure
 from pymc_optim.problems._arguments import (
     check_iteration_limit,
@@ -41,7 +42,7 @@ def fixed_point(
     method: str = "iteration",
     tol: float = DEFAULT_TOL,
     max_iter: int = DEFAULT_MAX_ITER,
-    structure: str = "dense",
+    structure: str = "auto",
     block_size: int | None = None,
 ):
     """Find x* = update(x*, θ); every input of `update`'s graph other than `x` is a parameter.
@@ -62,8 +63,9 @@ def fixed_point(
         Stop when max|T(x) − x| ≤ tol.
     max_iter : int, default 10000
         Iteration limit (for ``"newton"``, Newton steps).
-    structure : {"dense", "diagonal", "block_diagonal"}, default "dense"
-        Layout of I − ∂T/∂x for Newton steps and the implicit gradient (see :func:`minimize`).
+    structure : {"auto", "dense", "diagonal", "block_diagonal"}, default "auto"
+        Layout of I − ∂T/∂x for Newton steps and the implicit gradient (see :func:`minimize`);
+        ``"auto"`` reads it off the update's graph (diagonal when T_i reads x_i only).
     block_size : int, optional
         The block size for ``structure="block_diagonal"``.
 
@@ -124,6 +126,7 @@ def fixed_point(
     check_block_size(structure, x0s)
     problem = split_problem(updates, xs, argument="update")
     residual = [xi - ti for xi, ti in zip(problem.inner_xs, problem.inner_outputs, strict=True)]
+    structure = resolve_structure(structure, problem, residual=residual, x0=x0)
     condition = OptimalityCondition(
         problem.inner_xs, problem.inner_params, residual, symmetric=False, structure=structure
     )

@@ -27,6 +27,7 @@ from pymc_optim.graph.inner_graph import (
 )
 from pymc_optim.graph.solver_op import make_solution
 from pymc_optim.implicit import OptimalityCondition
+from pymc_optim.linalg.detect import resolve_structure
 from pymc_optim.linalg.structure import as_linear_structure
 from pymc_optim.problems._arguments import (
     check_method,
@@ -73,7 +74,7 @@ def minimize(
     constraints=None,
     jac: bool = True,
     hess: bool = False,
-    structure: str = "dense",
+    structure: str = "auto",
     block_size: int | None = None,
     optimizer_kwargs: Mapping | None = None,
 ):
@@ -110,11 +111,15 @@ def minimize(
     hess : bool, default False
         Give scipy the dense Hessian. When False, Hessian-based methods that accept a
         Hessian-vector product (Newton-CG, trust-ncg, trust-krylov, trust-constr) get one.
-    structure : {"dense", "diagonal", "block_diagonal"}, default "dense"
+    structure : {"auto", "dense", "diagonal", "block_diagonal"}, default "auto"
         Layout of the Hessian, used by Newton steps and by the implicit gradient's solve:
         ``"diagonal"`` when each element of x enters the objective separately (independent
         random effects), ``"block_diagonal"`` for consecutive blocks of `block_size` elements.
-        A wrong structure gives wrong gradients: choose it from the model, not by trial.
+        ``"auto"`` reads the layout off the objective's graph (diagonal when it is a sum of
+        terms each of one element of x, else dense; :mod:`pymc_optim.linalg.detect`). An
+        explicit structure is checked at build time, and one that drops nonzero Hessian entries
+        is a ValueError naming them (numerically, when the graph alone cannot prove it fits
+        and every input's shape is known).
     block_size : int, optional
         The block size for ``structure="block_diagonal"``.
     optimizer_kwargs : dict, optional
@@ -167,7 +172,7 @@ def minimize(
     """
     objective = as_expression(objective, "objective")
     if bounds is not None or constraints is not None:
-        if not (jac and not hess and structure == "dense" and block_size is None):
+        if not (jac and not hess and structure in ("auto", "dense") and block_size is None):
             raise ValueError(
                 "With `bounds` or `constraints`, `jac`, `hess`, `structure` and `block_size` "
                 "keep their defaults (the KKT system is built from the graph)."
@@ -247,6 +252,9 @@ def minimize(
         )
     condition = None
     if gradient is not None:
+        structure = resolve_structure(
+            structure, problem, residual=gradient, objective=inner_objective, x0=x0
+        )
         condition = OptimalityCondition(
             problem.inner_xs, problem.inner_params, gradient, symmetric=True, structure=structure
         )

@@ -18,6 +18,7 @@ from pymc_optim.graph.inner_graph import (
 )
 from pymc_optim.graph.solver_op import make_solution
 from pymc_optim.implicit import OptimalityCondition
+from pymc_optim.linalg.detect import resolve_structure
 from pymc_optim.linalg.structure import as_linear_structure
 from pymc_optim.problems._arguments import (
     check_method,
@@ -51,7 +52,7 @@ def root(
     x0=None,
     method: str = "hybr",
     jac: bool = True,
-    structure: str = "dense",
+    structure: str = "auto",
     block_size: int | None = None,
     optimizer_kwargs: Mapping | None = None,
 ):
@@ -70,9 +71,10 @@ def root(
         Jacobian and an Armijo line search on ½‖F‖², compiled into the graph (no scipy).
     jac : bool, default True
         Give scipy the Jacobian (built symbolically). Only ``"hybr"`` and ``"lm"`` use it.
-    structure : {"dense", "diagonal", "block_diagonal"}, default "dense"
+    structure : {"auto", "dense", "diagonal", "block_diagonal"}, default "auto"
         Layout of the Jacobian ∂F/∂x, used by Newton steps and the implicit gradient's solve
-        (see :func:`minimize`).
+        (see :func:`minimize`); ``"auto"`` reads it off the equations' graph (diagonal when
+        each equation reads its own element of x only, else dense).
     block_size : int, optional
         The block size for ``structure="block_diagonal"``.
     optimizer_kwargs : dict, optional
@@ -142,6 +144,7 @@ def root(
     structure = as_linear_structure(structure, block_size)
     check_block_size(structure, x0s)
     problem = split_problem(equations, xs, argument="equations")
+    structure = resolve_structure(structure, problem, residual=problem.inner_outputs, x0=x0)
     condition = OptimalityCondition(
         problem.inner_xs,
         problem.inner_params,

@@ -42,9 +42,32 @@ Gradients. Compile-time rewrites act after ``pytensor.grad`` has already differe
 graph: the Cholesky gradient of a Kronecker covariance then still builds an (N, N) cotangent (its
 triangular solves go through the factors, O(N^2.5), but the dense O(N²) memory remains).
 :func:`structure_linalg` applies the same rewrites to a graph *before* it is differentiated, so
-the gradient is taken of the factored graph and never forms an (N, N) matrix. PyMC's
-``model.logp()`` (hence ``compile_logp``, ``compile_dlogp``, ``pm.sample``) is passed through it
-automatically: the rewrites are registered in PyMC's logprob ``cleanup`` pass.
+the gradient is taken of the factored graph and never forms an (N, N) matrix. PyMC's MvNormal
+log density is passed through it as PyMC builds it: importing pymc_optim wraps PyMC's
+``_logprob`` function for ``MvNormalRV``, so ``pm.logp(pm.MvNormal.dist(cov=kron(A, B)), x)``
+inside or outside a model, ``model.logp()``, ``compile_logp``, ``compile_dlogp``,
+``logp_dlogp_function`` and ``pm.sample`` all differentiate the factored density (measured in
+``benchmarks/bench_user_graphs.py``: 900 dimensions, value and gradient, ≥ 20× faster).
+
+What importing pymc_optim changes for every graph of the process
+----------------------------------------------------------------
+- PyTensor's ``optdb``: the rewrites above (tag `TAG`) in the ``fast_run`` passes, and
+  ``pmo_batched_slogdet`` (stabilize). Each acts only on a Cholesky, solve, inverse,
+  determinant, transpose or product whose matrix is a ``kron`` or ``block_diag`` (or, for
+  ``pmo_batched_slogdet``, a batched ``det`` PyTensor 2.38 cannot compile): a graph without them
+  compiles to exactly what it compiles to without pymc_optim (tested in
+  ``tests/test_user_graphs.py``).
+- PyMC's logprob database: the same rewrites in the ``cleanup`` pass, and the MvNormal
+  ``_logprob`` wrapper (a density without Kronecker or block-diagonal matrices comes back as
+  PyMC's very same graph).
+- The solvers' own rewrites (:mod:`pymc_optim.rewrites.scalar`,
+  :mod:`pymc_optim.backends.vectorize`) act only
+  on pymc_optim's Ops.
+
+:func:`disable_rewrites` (``pmo.disable_rewrites()``) turns all of the first two off for the
+rest of the process (every rewriter and the wrapper check the switch when they run);
+:func:`enable_rewrites` turns them back on; ``mode.excluding(TAG)`` turns off the compile-time
+part for one function.
 
 Symmetry. Like PyTensor's own lift, the Cholesky rewrites assume that the factors are symmetric
 (``cholesky`` reads one triangle; the triangle of A ⊗ B holds entries from both triangles of B).
@@ -90,12 +113,12 @@ from pytensor.graph.fg import FunctionGraph
 from pytensor.graph.replace import graph_replace, vectorize_graph
 from pytensor.graph.rewriting.basic import EquilibriumGraphRewriter, node_rewriter
 from pytensor.graph.traversal import apply_ancestors
-from pytensor.scalar.basic import Abs, Log, Sign
+from pytensor.scalar.basic import Abs, Log, Mul, Sign
 from pytensor.tensor.basic import ExtractDiag
 from pytensor.tensor.blockwise import Blockwise
 from pytensor.tensor.elemwise import DimShuffle, Elemwise
 from pytensor.tensor.math import Dot, Sum
-from pytensor.tensor.nlinalg import Det, KroneckerProduct, SLogDet
+from pytensor.tensor.nlinalg import Det, KroneckerProduct, MatrixInverse, SLogDet
 from pytensor.tensor.random.op import RandomVariable
 from pytensor.tensor.shape import SpecifyShape
 from pytensor.tensor.slinalg import (
@@ -106,11 +129,48 @@ from pytensor.tensor.slinalg import (
     SolveTriangular,
     block_diag,
 )
+from pytensor.tensor.subtensor import Subtensor
 
-__all__ = ["TAG", "structure_linalg"]
+__all__ = ["TAG", "disable_rewrites", "enable_rewrites", "rewrites_enabled", "structure_linalg"]
 
 #: The tag of every rewrite here: ``get_default_mode().excluding(TAG)`` compiles densely.
 TAG = "pmo_structured_linalg"
+
+#: Whether the rewrites of this module act (see :func:`disable_rewrites`). Checked by every
+#: rewriter when it runs, so turning them off affects every later compilation in the process.
+_ENABLED = True
+
+
+def disable_rewrites() -> None:
+    """Turn off, for the rest of the process, every graph change that importing pymc_optim
+    makes to graphs that do not contain its solvers.
+
+    After this, PyTensor compiles every graph as it would without pymc_optim, and PyMC's
+    MvNormal log density is PyMC's own graph again. The solvers' own rewrites (scalar Newton
+    for one-unknown problems, batched graph-native solves) stay: they only ever touch
+    pymc_optim's Ops. :func:`enable_rewrites` turns them back on.
+
+    Examples
+    --------
+    >>> import pymc_optim as pmo
+    >>> pmo.disable_rewrites()
+    >>> pmo.rewrites_enabled()
+    False
+    >>> pmo.enable_rewrites()
+    """
+    global _ENABLED
+    _ENABLED = False
+
+
+def enable_rewrites() -> None:
+    """Undo :func:`disable_rewrites` (the state after ``import pymc_optim``)."""
+    global _ENABLED
+    _ENABLED = True
+
+
+def rewrites_enabled() -> bool:
+    """Whether the structured linear-algebra rewrites are on (see :func:`disable_rewrites`)."""
+    return _ENABLED
 
 
 def structure_linalg(outputs: Variable | Sequence[Variable]):
@@ -140,7 +200,7 @@ def structure_linalg(outputs: Variable | Sequence[Variable]):
     """
     single = isinstance(outputs, Variable)
     outs = [outputs] if single else list(outputs)
-    if not _has_structure(outs):
+    if not _ENABLED or not _has_structure(outs):
         return outputs if single else outs  # nothing to factor: the very same variables
     # Random variables and PyMC's model-variable markers must stay the very same objects (a
     # model graph holds one node per variable): they stand aside while the rest is cloned.
@@ -204,6 +264,12 @@ def _kron_factors(x):
     if isinstance(node.op, KroneckerProduct):
         a, b = node.inputs
         return (a, b) if a.ndim == 2 and b.ndim == 2 else None
+    if isinstance(node.op, Elemwise) and isinstance(node.op.scalar_op, Mul) and x.ndim == 2:
+        # c (A ⊗ B) = (c A) ⊗ B for a scalar c (a variance times a correlation structure)
+        if len(node.inputs) == 2:
+            for k, c in (node.inputs, node.inputs[::-1]):
+                if all(c.type.broadcastable) and (factors := _kron_factors(k)):
+                    return (c * factors[0], factors[1])
     if isinstance(node.op, Blockwise) and isinstance(node.op.core_op, KroneckerProduct):
         return tuple(node.inputs)
     return None
@@ -223,8 +289,11 @@ def _blocks(x):
 
 
 def _unspecified(x):
-    """x without the SpecifyShape wrappers that replacements put on it."""
-    while x.owner is not None and isinstance(x.owner.op, SpecifyShape):
+    """x without the SpecifyShape wrappers that replacements put on it, nor ``x[()]``."""
+    while x.owner is not None and (
+        isinstance(x.owner.op, SpecifyShape)
+        or (isinstance(x.owner.op, Subtensor) and not x.owner.op.idx_list)
+    ):
         x = x.owner.inputs[0]
     return x
 
@@ -238,7 +307,16 @@ def _dimshuffle(x):
 
 
 def _squeezed(x):
-    """y if x is y without some leading broadcastable axes (a Blockwise gradient's squeeze)."""
+    """y if x is y without some leading broadcastable axes (a Blockwise gradient's squeeze, or
+    ``y[0, …, 0]`` of a padded y, as batched factors are indexed back)."""
+    node = _unspecified(x).owner
+    if node is not None and isinstance(node.op, Subtensor):
+        y = node.inputs[0]
+        k = y.ndim - x.ndim
+        scalar = all(not isinstance(i, slice) for i in node.op.idx_list)
+        if k > 0 and scalar and len(node.op.idx_list) == k and all(y.type.broadcastable[:k]):
+            return y
+        return None
     y, order = _dimshuffle(x)
     if y is None:
         return None
@@ -448,6 +526,8 @@ def _like(old, new):
 def structured_cholesky(fgraph, node):
     """cholesky(A ⊗ B) = cholesky(A) ⊗ cholesky(B); cholesky(block_diag(Aᵢ)) =
     block_diag(cholesky(Aᵢ))."""
+    if not _ENABLED:
+        return None
     op = _core_op(node.op)
     if not isinstance(op, Cholesky):
         return None
@@ -458,6 +538,8 @@ def structured_cholesky(fgraph, node):
 @node_rewriter([SolveTriangular, Solve, CholeskySolve, Blockwise])
 def structured_solve(fgraph, node):
     """solve(A ⊗ B, b) by the vec trick; solve(block_diag(Aᵢ), b) block by block."""
+    if not _ENABLED:
+        return None
     op = _core_op(node.op)
     if not isinstance(op, SolveTriangular | Solve | CholeskySolve):
         return None
@@ -499,6 +581,8 @@ def structured_solve(fgraph, node):
 def structured_slogdet(fgraph, node):
     """slogdet(A ⊗ B) = (sign(A)ᵐ sign(B)ⁿ, m log|A| + n log|B|); slogdet(block_diag(Aᵢ)) =
     (Π sign(Aᵢ), Σ log|Aᵢ|)."""
+    if not _ENABLED:
+        return None
     if not isinstance(_core_op(node.op), SLogDet):
         return None
     new = _structured_slogdet(node.inputs[0])
@@ -522,6 +606,8 @@ def _scalar_op(node):
 def structured_log_det(fgraph, node):
     """log(det(x)), log(abs(det(x))) and sign(det(x)) of a Kronecker or block-diagonal x
     through the factors' log-determinants."""
+    if not _ENABLED:
+        return None
     scalar_op = _scalar_op(node)
     if isinstance(scalar_op, Log):
         [inner] = node.inputs
@@ -545,6 +631,8 @@ def structured_log_det(fgraph, node):
 def structured_sum_log_diag(fgraph, node):
     """Σ log diag(L) over the last axis of a Kronecker / block-diagonal Cholesky factor L
     (the log-determinant as PyMC's MvNormal writes it) through the factors."""
+    if not _ENABLED:
+        return None
     [logs] = node.inputs
     if logs.owner is None or not isinstance(_scalar_op(logs.owner), Log):
         return None
@@ -569,6 +657,8 @@ def structured_sum_log_diag(fgraph, node):
 @node_rewriter([DimShuffle])
 def structured_transpose(fgraph, node):
     """(A ⊗ B)ᵀ = Aᵀ ⊗ Bᵀ; block_diag(Aᵢ)ᵀ = block_diag(Aᵢᵀ)."""
+    if not _ENABLED:
+        return None
     y = _transposed(node.outputs[0])
     if y is None:
         return None
@@ -583,17 +673,55 @@ def structured_transpose(fgraph, node):
 def structured_matmul(fgraph, node):
     """(A ⊗ B) M = vec(A X Bᵀ) column by column, and M (A ⊗ B) = ((Aᵀ ⊗ Bᵀ) Mᵀ)ᵀ: O(N(n + m))
     per column instead of O(N²) (the gradient of a Cholesky multiplies by Lᵀ)."""
+    if not _ENABLED:
+        return None
     if not isinstance(_core_op(node.op), Dot) or any(i.ndim < 2 for i in node.inputs):
         return None
     left, right = node.inputs
     times = lambda f, r: f @ r  # noqa: E731
-    if factors := _kron_factors(left):
+    left_factors, right_factors = _kron_factors_of(left), _kron_factors_of(right)
+    if left_factors and right_factors and _conformable(left_factors, right_factors):
+        # the mixed product (A ⊗ B)(C ⊗ D) = AC ⊗ BD, e.g. PyMC's cov = chol cholᵀ
+        (a, b), (c, d) = left_factors, right_factors
+        return [_like(node.outputs[0], _kron(a @ c, b @ d))]
+    if factors := left_factors:
         new = _kron_solve(*factors, right, 2, times)
-    elif factors := _kron_factors(right):
+    elif factors := right_factors:
         new = _kron_solve(*(f.mT for f in factors), left.mT, 2, times).mT
     else:
         return None
     return [_like(node.outputs[0], new)]
+
+
+def _kron_factors_of(x):
+    """The factors of x = A ⊗ B or of x = (A ⊗ B)ᵀ = Aᵀ ⊗ Bᵀ (PyMC's chol cholᵀ)."""
+    if factors := _kron_factors(x):
+        return factors
+    if (y := _transposed(x)) is not None and (factors := _kron_factors(y)):
+        return tuple(f.mT for f in factors)
+    return None
+
+
+def _conformable(left_factors, right_factors) -> bool:
+    """Whether A C and B D exist for (A ⊗ B)(C ⊗ D), from the static shapes."""
+    return all(
+        f.type.shape[-1] is not None and f.type.shape[-1] == g.type.shape[-2]
+        for f, g in zip(left_factors, right_factors, strict=True)
+    )
+
+
+@node_rewriter([MatrixInverse, Blockwise])
+def structured_inverse(fgraph, node):
+    """(A ⊗ B)⁻¹ = A⁻¹ ⊗ B⁻¹; block_diag(Aᵢ)⁻¹ = block_diag(Aᵢ⁻¹) (PyMC's MvNormal with
+    ``tau=`` inverts the precision)."""
+    if not _ENABLED or not isinstance(_core_op(node.op), MatrixInverse):
+        return None
+    [x] = node.inputs
+    if factors := _kron_factors(x):
+        return [_like(node.outputs[0], _kron(*(pt.linalg.inv(f) for f in factors)))]
+    if blocks := _blocks(x):
+        return [_like(node.outputs[0], block_diag(*(pt.linalg.inv(blk) for blk in blocks)))]
+    return None
 
 
 @node_rewriter([Blockwise])
@@ -603,6 +731,8 @@ def one_matrix_many_columns(fgraph, node):
 
     A vectorized Jacobian (the Laplace Hessian, the Newton system) solves with the prior's
     Cholesky factor once per direction; as a Blockwise that is a Python loop of small solves."""
+    if not _ENABLED:
+        return None
     op = node.op.core_op
     if not isinstance(op, SolveTriangular | Solve | CholeskySolve) or op.b_ndim != 2:
         return None
@@ -625,6 +755,8 @@ def batched_slogdet(fgraph, node):
     PyTensor 2.38's ``slogdet_specialization`` builds ``SLogDet`` (core, 2-D only) for any
     ``det`` and fails on a batch; this runs first (stabilize) and leaves ``det`` to its other
     clients (e.g. a gradient)."""
+    if not _ENABLED:
+        return None
     if not (isinstance(node.op.core_op, Det) and node.inputs[0].ndim > 2):
         return None
     [det_out] = node.outputs
@@ -647,7 +779,27 @@ def batched_slogdet(fgraph, node):
     return {old: _like(old, new) for old, new in replacements.items()} or None
 
 
+@node_rewriter([ExtractDiag])
+def structured_diagonal(fgraph, node):
+    """diag(A ⊗ B) = diag A ⊗ diag B; diag(block_diag(Aᵢ)) = [diag A₁, …] (PyMC's
+    positive-definiteness check reads the Cholesky factor's diagonal)."""
+    if not _ENABLED:
+        return None
+    op = node.op
+    [x] = node.inputs
+    if op.offset != 0 or x.ndim != 2:
+        return None
+    if factors := _kron_factors(x):
+        a, b = (pt.diagonal(f) for f in factors)
+        return [_like(node.outputs[0], pt.outer(a, b).ravel())]
+    if blocks := _blocks(x):
+        if all(blk.ndim == 2 for blk in blocks):
+            return [_like(node.outputs[0], pt.concatenate([pt.diagonal(b) for b in blocks]))]
+    return None
+
+
 _REWRITERS = (
+    structured_diagonal,
     structured_cholesky,
     structured_solve,
     structured_slogdet,
@@ -655,6 +807,7 @@ _REWRITERS = (
     structured_sum_log_diag,
     structured_transpose,
     structured_matmul,
+    structured_inverse,
     one_matrix_many_columns,
 )
 
@@ -676,6 +829,31 @@ def _register():
     from pymc.logprob.rewriting import logprob_rewrites_db
 
     logprob_rewrites_db.register(f"{TAG}_logp", _equilibrium(), "cleanup", TAG, position=6)
+    _factor_pymc_log_densities()
+
+
+def _factor_pymc_log_densities():
+    """PyMC's MvNormal log density, factored as soon as PyMC builds it.
+
+    ``pm.logp(pm.MvNormal.dist(cov=kron(A, B)), x)`` (inside a model or not), ``model.logp()``
+    and so ``compile_logp``, ``compile_dlogp``, ``logp_dlogp_function`` and ``pm.sample`` all
+    derive the density through PyMC's ``_logprob`` dispatch; wrapping PyMC's own MvNormal
+    function there makes the returned graph pass through :func:`structure_linalg` before anyone
+    differentiates it (compile-time rewrites alone act after ``pytensor.grad`` and leave the
+    dense (N, N) Cholesky gradient in place). A graph without Kronecker or block-diagonal
+    matrices comes back as the very same variables."""
+    from pymc.distributions.multivariate import MvNormalRV
+    from pymc.logprob.abstract import _logprob
+
+    pymc_logp = _logprob.dispatch(MvNormalRV)
+    if getattr(pymc_logp, "_pmo_factored", False):
+        return  # already wrapped (the module was reloaded)
+
+    def factored_logp(op, values, *inputs, **kwargs):
+        return structure_linalg(pymc_logp(op, values, *inputs, **kwargs))
+
+    factored_logp._pmo_factored = True
+    _logprob.register(MvNormalRV)(factored_logp)
 
 
 _register()

@@ -1,5 +1,7 @@
 """Kronecker and block-diagonal rewrites: compiled structure, values and gradients vs dense."""
 
+import contextlib
+
 import numpy as np
 import pymc as pm
 import pytensor
@@ -23,6 +25,17 @@ DENSE = ONLY_PYTENSOR.excluding(
 N_A, N_B = 4, 3  # factor sizes: the Kronecker matrix is 12 × 12
 N = N_A * N_B
 RTOL = 1e-9  # the structured and dense routes differ by rounding only (float64)
+
+
+@contextlib.contextmanager
+def pymc_own_graph():
+    """Graphs built inside are PyMC's own (importing pymc_optim factors MvNormal's log density
+    as PyMC builds it, see pymc_optim.rewrites.structured_linalg): the dense references."""
+    pmo.disable_rewrites()
+    try:
+        yield
+    finally:
+        pmo.enable_rewrites()
 
 
 def spd(rng, k, batch=()):
@@ -249,7 +262,8 @@ def numpy_logp(theta, x):
 def test_mvnormal_kron_logp_and_gradient(rng):
     theta = pt.vector("theta", shape=(2,), dtype="float64")
     x = pt.vector("x", shape=(N,), dtype="float64")
-    logp = pm.logp(pm.MvNormal.dist(mu=0, cov=kron_covariance(theta)), x)
+    with pymc_own_graph():
+        logp = pm.logp(pm.MvNormal.dist(mu=0, cov=kron_covariance(theta)), x)
     structured = structure_linalg(logp)
     f = pytensor.function([theta, x], [structured, *pytensor.grad(structured, [theta, x])])
     compile_only = pytensor.function([theta, x], [logp, *pytensor.grad(logp, [theta, x])])
@@ -290,14 +304,15 @@ def test_model_logp_is_factored_before_differentiation(rng):
     # The dense reference: the same density from pm.logp (not through the cleanup pass).
     x_rv, theta_rv = model["x"], model["theta"]
     theta_value = model.rvs_to_values[theta_rv]
-    dense_graph = (
-        pm.logp(
-            pm.MvNormal.dist(mu=0, cov=kron_covariance(pt.exp(theta_value))),
-            model.rvs_to_values[x_rv],
-        ).sum()
-        + pm.logp(pm.HalfNormal.dist(1.0, shape=2), pt.exp(theta_value)).sum()
-        + theta_value.sum()
-    )
+    with pymc_own_graph():
+        dense_graph = (
+            pm.logp(
+                pm.MvNormal.dist(mu=0, cov=kron_covariance(pt.exp(theta_value))),
+                model.rvs_to_values[x_rv],
+            ).sum()
+            + pm.logp(pm.HalfNormal.dist(1.0, shape=2), pt.exp(theta_value)).sum()
+            + theta_value.sum()
+        )
     dense = pytensor.function(
         value_vars, [dense_graph, *pytensor.grad(dense_graph, value_vars)], mode=DENSE
     )
@@ -316,7 +331,8 @@ def test_mvnormal_block_diag_batched_values(rng):
     cov_block = chol @ chol.T + 0.5 * pt.eye(3)
     cov = pt.linalg.block_diag(cov_block, cov_block, cov_block)
     x = pt.matrix("x", shape=(2, 9), dtype="float64")
-    logp = pm.logp(pm.MvNormal.dist(mu=0, cov=cov), x).sum()
+    with pymc_own_graph():
+        logp = pm.logp(pm.MvNormal.dist(mu=0, cov=cov), x).sum()
     structured = structure_linalg(logp)
     f = pytensor.function([chol, x], [structured, pytensor.grad(structured, chol)])
     dense = pytensor.function([chol, x], [logp, pytensor.grad(logp, chol)], mode=DENSE)
