@@ -37,63 +37,198 @@ STEP_TOL = 1e-10
 ROUNDING = 16 * np.finfo("float64").eps
 
 
-def newton(system, merit, z0, *, structure, minimization: bool, tol: float, max_iter: int):
+def newton(*args, **kwargs):
+    """`_newton`, with numpy's floating-point warnings off: a NaN or a singular system is data
+    here (it ends the problem's solve with ``success=False``), not a warning."""
+    with np.errstate(all="ignore"):
+        return _newton(*args, **kwargs)
+
+
+def _newton(
+    system,
+    merit,
+    z0,
+    *,
+    structure,
+    minimization: bool,
+    tol: float,
+    max_iter: int,
+    rows=None,
+):
     """Damped Newton on F(z) = 0 with an Armijo backtracking line search on a merit function.
 
-    Stops with success when max|F| ≤ tol, or when a full Newton step (a descent direction) is
-    negligible: tiny relative to z (`STEP_TOL`) or, for minimization, predicting a decrease
-    below the objective's rounding error (`ROUNDING`).
+    `z` may stack B independent problems (a native batch): ``rows`` (B, n) holds the indices of
+    problem b's elements of z in row b (None: one problem). Every decision — the step length,
+    the stopping tests, success — is taken per problem, so that a problem's iterates are those
+    of its own unbatched solve whatever the other problems do.
 
-    `system(z)` returns ``(merit, F, A)`` with A compact in `structure`; `merit(z)` the merit
-    alone. For minimization the merit is the objective and F its gradient (a non-descent Newton
-    direction falls back to −F); otherwise the merit is ½‖F‖², whose slope along the Newton
-    direction is −‖F‖².
+    Stops problem b with success when max|F_b| ≤ tol, or when a full Newton step (a descent
+    direction) is negligible (`STEP_TOL`) or, for minimization, when its predicted decrease is
+    below the objective's rounding error (`ROUNDING`) *and* the full step no longer reduces
+    max|F_b| either (the minimum found to rounding error; a constant added to the objective
+    only hides the decrease, and then the full step is accepted on max|F| instead).
+    For minimization, success also needs A positive definite at the solution (the structure's
+    own Cholesky): a maximum or a saddle is a stationary point, not a minimum.
+
+    `system(z)` returns ``(merit, F, A)`` with the merit one value per problem (shape (B,)) and
+    A compact in `structure`; `merit(z)` the merit alone. For minimization the merit is the
+    objective and F its gradient (a non-descent Newton direction falls back to −F); otherwise
+    the merit is ½‖F‖², whose slope along the Newton direction is −‖F‖².
+
+    Each iteration evaluates `system` once at the full step z + d (its merit decides the step);
+    only when that is rejected does it backtrack with `merit` and evaluate `system` again at
+    the accepted point.
+
+    Returns ``(z, success, n_iterations, n_evaluations)``, the last three of shape (B,).
     """
     z = np.array(z0, dtype="float64")
+    if rows is None:
+        rows = np.arange(z.size)[None, :]
+    n_problems = rows.shape[0]
+    owner = np.empty(z.size, dtype=np.int64)
+    owner[rows.ravel()] = np.repeat(np.arange(n_problems), rows.shape[1])
+
+    def max_abs(v):
+        return np.max(np.abs(v[rows]), axis=1, initial=0.0)
+
+    def dot(u, v):
+        return np.sum(u[rows] * v[rows], axis=1)
+
+    def finite(m, F):
+        return np.isfinite(m) & np.all(np.isfinite(F[rows]), axis=1)
+
     m, F, A = system(z)
-    n_evaluations = 1
+    n_evaluations = np.ones(n_problems, dtype=np.int64)
+    n_iterations = np.full(n_problems, max_iter, dtype=np.int64)
+    running = np.ones(n_problems, dtype=bool)
+    success = np.zeros(n_problems, dtype=bool)
+
+    def stop(which, ok, iteration, A_now=None):
+        """End the problems in `which`, successful where `ok` (and, for minimization, where
+        A is positive definite)."""
+        nonlocal running
+        if minimization and np.any(which & ok):
+            ok = ok & positive_definite(structure, A_now, owner, n_problems)
+        success[which] = ok[which]
+        n_iterations[which] = iteration
+        running = running & ~which
+
     for iteration in range(max_iter + 1):
-        if not (np.isfinite(m) and np.all(np.isfinite(F))):
-            return z, False, iteration, n_evaluations
-        if np.max(np.abs(F), initial=0.0) <= tol:
-            return z, True, iteration, n_evaluations
-        if iteration == max_iter:
+        ok_values = finite(m, F)
+        stop(running & ~ok_values, ok_values, iteration)
+        stop(running & (max_abs(F) <= tol), ok_values, iteration, A)
+        if iteration == max_iter or not running.any():
             break
-        try:
-            d = -structure.solve_numpy(A, F)
-        except np.linalg.LinAlgError:
-            d = None
+        d = -solve(structure, A, F)
         if minimization:
-            slope = float(F @ d) if d is not None else np.inf
-            is_newton_step = np.isfinite(slope) and slope < 0
-            if not is_newton_step:
-                d, slope = -F, -float(F @ F)
-        elif d is None or not np.all(np.isfinite(d)):
-            return z, False, iteration, n_evaluations
+            slope = dot(F, d)
+            is_newton_step = np.isfinite(slope) & (slope < 0)
+            gradient_step = ~is_newton_step[owner]
+            d = np.where(gradient_step, -F, d)
+            slope = np.where(is_newton_step, slope, -dot(F, F))
         else:
-            slope, is_newton_step = -2.0 * m, True
-        if is_newton_step and newton_step_is_negligible(d, z, slope, m, minimization):
-            return z + d, True, iteration + 1, n_evaluations
-        t = 1.0
-        for _ in range(MAX_BACKTRACKS):
-            trial = merit(z + t * d)
-            n_evaluations += 1
-            if trial <= m + ARMIJO * t * slope:  # False for NaN: keep halving
+            is_newton_step = np.all(np.isfinite(d[rows]), axis=1)
+            stop(running & ~is_newton_step, is_newton_step, iteration)
+            slope = -2.0 * m
+        tiny = running & is_newton_step & tiny_step(d, z, rows)
+        if tiny.any():
+            z = np.where(tiny[owner], z + d, z)
+            stop(tiny, tiny, iteration + 1, A)
+        if not running.any():
+            break
+        # the full step, all running problems at once: one evaluation of the system
+        step = running[owner]
+        z_full = np.where(step, z + d, z)
+        m_full, F_full, A_full = system(z_full)
+        n_evaluations[running] += 1
+        finite_full = finite(m_full, F_full)
+        armijo = finite_full & (m_full <= m + ARMIJO * slope)
+        accepted = running & armijo
+        if minimization:
+            unseen = running & is_newton_step & unseen_decrease(slope, m)
+            smaller = finite_full & (max_abs(F_full) < max_abs(F))
+            accepted |= unseen & smaller
+            # the minimum to rounding error: neither the objective nor max|F| sees progress
+            stop(unseen & ~accepted, np.ones(n_problems, dtype=bool), iteration + 1, A)
+        backtrack = running & ~accepted
+        if not backtrack.any():
+            # problems stopped above keep their z; the values at z_full are theirs no more
+            z, m, F, A = np.where(accepted[owner], z_full, z), m_full, F_full, A_full
+            continue
+        t = np.where(accepted, 1.0, 0.0)
+        t_try = np.ones(n_problems)
+        searching = backtrack.copy()
+        for _ in range(MAX_BACKTRACKS - 1):
+            t_try = np.where(searching, 0.5 * t_try, t_try)
+            trial = merit(np.where(searching[owner], z + t_try[owner] * d, z))
+            n_evaluations[searching] += 1
+            found = searching & (trial <= m + ARMIJO * t_try * slope)  # False for NaN
+            t = np.where(found, t_try, t)
+            searching &= ~found
+            if not searching.any():
                 break
-            t *= 0.5
-        else:
-            return z, False, iteration, n_evaluations
-        z = z + t * d
+        stop(searching, np.zeros(n_problems, dtype=bool), iteration)
+        z = np.where(running[owner], z + t[owner] * d, z)
         m, F, A = system(z)
-        n_evaluations += 1
-    return z, False, max_iter, n_evaluations
+        n_evaluations[backtrack & running] += 1
+    return z, success, n_iterations, n_evaluations
 
 
-def newton_step_is_negligible(d, z, slope, m, minimization: bool) -> bool:
-    """See `STEP_TOL` and `ROUNDING`."""
-    tiny_step = np.max(np.abs(d), initial=0.0) <= STEP_TOL * (1.0 + np.max(np.abs(z), initial=0.0))
-    unseen_decrease = minimization and -slope <= ROUNDING * (1.0 + abs(m))
-    return bool(tiny_step or unseen_decrease)
+def solve(structure, A, F):
+    """A⁻¹ F, NaN in the blocks (or diagonal entries) where A is singular."""
+    try:
+        return structure.solve_numpy(A, F)
+    except np.linalg.LinAlgError:
+        pass
+    if structure.kind == "diagonal":
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(A != 0, F / np.where(A != 0, A, 1.0), np.nan)
+    if structure.kind == "dense":
+        return np.full_like(F, np.nan)
+    b = structure.block_size
+    out = np.full((A.shape[0], b), np.nan)
+    for j, (block, rhs) in enumerate(zip(A, F.reshape(-1, b), strict=True)):
+        try:
+            out[j] = np.linalg.solve(block, rhs)
+        except np.linalg.LinAlgError:
+            pass
+    return out.reshape(-1)
+
+
+def positive_definite(structure, A, owner, n_problems):
+    """Per problem: whether its part of A is positive definite (Cholesky, or A > 0 on a
+    diagonal); NaN entries count as not positive definite."""
+    if structure.kind == "diagonal":
+        bad = ~(A > 0)
+        element_owner = owner
+    else:
+        blocks = A[None] if structure.kind == "dense" else A
+        bad = np.zeros(blocks.shape[0], dtype=bool)
+        try:
+            np.linalg.cholesky(blocks)
+        except np.linalg.LinAlgError:
+            for j, block in enumerate(blocks):
+                try:
+                    np.linalg.cholesky(block)
+                except np.linalg.LinAlgError:
+                    bad[j] = True
+        bad |= ~np.all(np.isfinite(blocks), axis=(1, 2))
+        size = blocks.shape[-1]
+        element_owner = owner[::size] if structure.kind != "dense" else owner[:1]
+    out = np.ones(n_problems, dtype=bool)
+    out[element_owner[bad]] = False
+    return out
+
+
+def tiny_step(d, z, rows):
+    """Per problem: the step is below `STEP_TOL` relative to z."""
+    max_d = np.max(np.abs(d[rows]), axis=1, initial=0.0)
+    return max_d <= STEP_TOL * (1.0 + np.max(np.abs(z[rows]), axis=1, initial=0.0))
+
+
+def unseen_decrease(slope, m):
+    """Per problem: the predicted decrease −slope is below the objective's rounding error."""
+    return -slope <= ROUNDING * (1.0 + np.abs(m))
 
 
 def fixed_point_iteration(update, z0, *, tol: float, max_iter: int):

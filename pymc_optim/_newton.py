@@ -8,13 +8,17 @@ form); no scipy. Under the default backend `perform` runs the numpy loop of
 
 from __future__ import annotations
 
+import numpy as np
+import pytensor.tensor as pt
+from pytensor.graph.basic import Apply
+
 from pymc_optim import _iterations
 from pymc_optim._implicit import OptimalityCondition
 from pymc_optim._inner_graph import InnerProblem
 from pymc_optim._scipy import Packer
 from pymc_optim._solver_op import SolverOp
 
-__all__ = ["DEFAULT_MAX_ITER", "DEFAULT_TOL", "NewtonOp", "newton_options"]
+__all__ = ["DEFAULT_MAX_ITER", "DEFAULT_TOL", "NewtonOp", "newton_options", "problem_rows"]
 
 #: Stop when max|F| ≤ tol: Newton converges quadratically, so 1e-8 costs one step more than 1e-4.
 DEFAULT_TOL = 1e-8
@@ -52,6 +56,10 @@ class NewtonOp(SolverOp):
         The objective (``minimization=True``, F its gradient) or ½‖F‖².
     value : TensorVariable
         What :func:`solution_info` reports (objective or residual norm).
+    batch_ndim : int, default 0
+        The leading dimensions of every control that index independent problems (a native
+        batch, :mod:`pymc_optim._vectorize`): the merit then has the batch's shape (one value
+        per problem) and `success` and the counters are reported per problem, batch-shaped.
     """
 
     method = "newton"
@@ -67,6 +75,7 @@ class NewtonOp(SolverOp):
         tol: float,
         max_iter: int,
         n_extras: int = 0,
+        batch_ndim: int = 0,
     ):
         super().__init__(problem, condition=condition, n_extras=n_extras)
         self.merit = merit
@@ -74,10 +83,30 @@ class NewtonOp(SolverOp):
         self.minimization = minimization
         self.tol = tol
         self.max_iter = max_iter
+        self.batch_ndim = batch_ndim
 
     @property
     def value(self):
         return self._value
+
+    def make_node(self, *inputs):
+        node = super().make_node(*inputs)
+        if not self.batch_ndim:
+            return node
+        k = self.n_controls
+        diagnostics = [
+            pt.tensor(dtype=out.type.dtype, shape=node.inputs[0].type.shape[: self.batch_ndim])
+            for out in node.outputs[k:]
+        ]
+        x_stars = [out.type() for out in node.outputs[:k]]
+        return Apply(self, node.inputs, [*x_stars, *diagnostics])
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        batch_shape = tuple(input_shapes[0][: self.batch_ndim])
+        return [*input_shapes[: self.n_controls], batch_shape, batch_shape, batch_shape]
+
+    def diagnostics_shape(self, x0s) -> tuple:
+        return tuple(np.shape(x0s[0])[: self.batch_ndim])
 
     def numerical_functions(self):
         system = [self.merit, self.condition.flat_residual(), self.condition.jacobian()]
@@ -89,10 +118,10 @@ class NewtonOp(SolverOp):
 
         def system(z):
             m, F, A = system_fn(*packer.unpack(z), *params)
-            return float(m), F, A
+            return np.reshape(m, -1), F, A
 
         def merit(z):
-            return float(merit_fn(*packer.unpack(z), *params)[0])
+            return np.reshape(merit_fn(*packer.unpack(z), *params)[0], -1)
 
         z, success, n_iterations, n_evaluations = _iterations.newton(
             system,
@@ -102,5 +131,22 @@ class NewtonOp(SolverOp):
             minimization=self.minimization,
             tol=self.tol,
             max_iter=self.max_iter,
+            rows=problem_rows([np.size(x0) for x0 in x0s], self.diagnostics_shape(x0s)),
         )
-        return packer.unpack(z), success, n_iterations, n_evaluations
+        shape = self.diagnostics_shape(x0s)
+        diagnostics = [np.reshape(v, shape) for v in (success, n_iterations, n_evaluations)]
+        return packer.unpack(z), *diagnostics
+
+
+def problem_rows(sizes, batch_shape) -> np.ndarray:
+    """(B, n) indices into the packed z: row b lists problem b's elements.
+
+    The controls are packed one after the other, each flattened with its batch dimensions
+    leading, so control i holds B contiguous runs of ``sizes[i] // B`` elements.
+    """
+    n_problems = int(np.prod(batch_shape, dtype=np.int64))
+    pieces, offset = [], 0
+    for size in sizes:
+        pieces.append(offset + np.arange(size).reshape(n_problems, -1))
+        offset += size
+    return np.concatenate(pieces, axis=1) if pieces else np.zeros((n_problems, 0), np.int64)

@@ -221,9 +221,17 @@ class SolverOp(Op):
             traces.append(solve)
         for storage, x, inner in zip(output_storage, x_stars, self.problem.inner_xs, strict=False):
             storage[0] = np.asarray(x, dtype=inner.type.dtype).reshape(np.shape(x))
-        output_storage[self.n_controls][0] = np.asarray(bool(success))
-        output_storage[self.n_controls + 1][0] = np.asarray(n_iterations, dtype="int64")
-        output_storage[self.n_controls + 2][0] = np.asarray(n_evaluations, dtype="int64")
+        shape = self.diagnostics_shape(x0s)
+        for i, (value, dtype) in enumerate(
+            [(success, "bool"), (n_iterations, "int64"), (n_evaluations, "int64")]
+        ):
+            value = np.broadcast_to(np.asarray(value, dtype=dtype), shape)
+            output_storage[self.n_controls + i][0] = np.array(value)
+
+    def diagnostics_shape(self, x0s) -> tuple:
+        """The shape of `success` and the counters: () (one problem); batch-shaped for an Op
+        that solves a stack of problems and reports per problem."""
+        return ()
 
     def connection_pattern(self, node):
         # x* depends on the continuous parameters only (not on x0 or a bracket: the solution is

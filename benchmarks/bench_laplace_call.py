@@ -1,0 +1,167 @@
+"""Cost of one Laplace-marginal logp+gradient against one full-model logp+gradient (issue 14).
+
+Run ``python benchmarks/bench_laplace_call.py`` (about two minutes on 2 cores; ``--quick`` for a
+smoke run). A script, not a test: it prints one markdown table and exits 0 whatever the timings.
+
+Poisson random intercepts (the model of ``bench_laplace.py``): G = 300 groups, 5 counts each,
+``mu ~ N(0, 2)``, ``sigma ~ HalfNormal(1)``, ``u_g ~ N(0, sigma)``, ``y ~ Poisson(exp(mu + u))``;
+the marginal is ``pmo.marginalize_laplace(model, "u", hessian_structure="diagonal")``.
+
+For each backend (C = pytensor's default mode, NUMBA = what nutpie compiles) it times
+``model.logp_dlogp_function(ravel_inputs=True)`` of the marginal and of the full (centered)
+model at the same 20 points of θ (near the posterior, jittered), calls interleaved, and reports
+the median over repeats of the mean time per call, their ratio (issue 14 item 5's target:
+≤ 4x) and the NewtonOp's own iteration and evaluation counts per solve.
+
+Each code version runs in its own subprocess with ``PYTHONPATH`` set to it: ``--old`` (default
+``/work/main``) is the reference, the checkout holding this script the new code; the table puts
+them side by side, measured in one run. Warm start is reported on and off where the code has it
+(``PYMC_OPTIM_WARM_START=0`` turns it off).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+G, PER_GROUP, MU_TRUE, SIGMA_TRUE, SEED = 300, 5, 0.5, 0.7, 1
+N_POINTS = 20
+
+
+def worker(mode: str, repeats: int) -> dict:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import numpy as np
+    import pymc as pm
+    import pytensor
+    from pytensor.graph.traversal import ancestors
+
+    import pymc_optim as pmo
+    from pymc_optim._newton import NewtonOp
+
+    rng = np.random.default_rng(G)
+    group = np.repeat(np.arange(G), PER_GROUP)
+    u = rng.normal(0.0, SIGMA_TRUE, G)
+    y = rng.poisson(np.exp(MU_TRUE + u[group]))
+
+    def full():
+        with pm.Model() as model:
+            mu = pm.Normal("mu", 0.0, 2.0)
+            sigma = pm.HalfNormal("sigma", 1.0)
+            u = pm.Normal("u", 0.0, sigma, shape=G)
+            pm.Poisson("y", pm.math.exp(mu + u[group]), observed=y)
+        return model
+
+    marginal = pmo.marginalize_laplace(full(), "u", hessian_structure="diagonal")
+    full_model = full()
+    jitter = np.random.default_rng(SEED)
+    thetas = [
+        (0.48 + 0.05 * jitter.standard_normal(), np.log(0.68) + 0.1 * jitter.standard_normal())
+        for _ in range(N_POINTS)
+    ]
+    names = [v.name for v in marginal.value_vars]
+    marginal_points = [
+        np.array([dict(zip(["mu", "sigma_log__"], t, strict=True))[n] for n in names])
+        for t in thetas
+    ]
+    full_points = []
+    for mu, log_sigma in thetas:
+        value = {"mu": mu, "sigma_log__": log_sigma}
+        full_points.append(
+            np.concatenate(
+                [
+                    np.atleast_1d(value[v.name]) if v.name in value else 0.3 * np.ones(G)
+                    for v in full_model.value_vars
+                ]
+            )
+        )
+
+    node = next(
+        v.owner
+        for v in ancestors(marginal.potentials)
+        if v.owner is not None and isinstance(v.owner.op, NewtonOp)
+    )
+    k = node.op.n_controls
+    counts = marginal.replace_rvs_by_values(node.outputs[k + 1 : k + 3])
+    count_fn = pytensor.function(
+        marginal.value_vars, counts, on_unused_input="ignore", mode=mode
+    )
+    work = np.array(
+        [[int(c) for c in count_fn(*map(np.asarray, p))] for p in marginal_points]
+    )
+
+    fns = {}
+    for label, model, points in [
+        ("marginal", marginal, marginal_points),
+        ("full", full_model, full_points),
+    ]:
+        fn = model.logp_dlogp_function(ravel_inputs=True, mode=mode)
+        fn.set_extra_values({})
+        fn(points[0])
+        fns[label] = (fn, points)
+    times = {label: [] for label in fns}
+    for _ in range(repeats):
+        for label, (fn, points) in fns.items():
+            t0 = time.perf_counter()
+            for p in points:
+                fn(p)
+            times[label].append((time.perf_counter() - t0) / len(points))
+    med = {label: float(np.median(t)) * 1e3 for label, t in times.items()}
+    return {
+        "marginal_ms": med["marginal"],
+        "full_ms": med["full"],
+        "iterations": float(work[:, 0].mean()),
+        "evaluations": float(work[:, 1].mean()),
+    }
+
+
+def run_version(path: str, mode: str, repeats: int, warm: str | None) -> dict | None:
+    env = dict(os.environ, PYTHONPATH=path)
+    if warm is not None:
+        env["PYMC_OPTIM_WARM_START"] = warm
+    cmd = [sys.executable, __file__, "--worker", mode, "--repeats", str(repeats)]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if out.returncode:
+        print(out.stderr[-2000:], file=sys.stderr)
+        return None
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--old", default="/work/main")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--worker", default=None)
+    parser.add_argument("--repeats", type=int, default=15)
+    args = parser.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.repeats)))
+        return 0
+    repeats = 3 if args.quick else args.repeats
+    new = str(Path(__file__).resolve().parents[1])
+    print(f"Poisson random intercepts, G = {G}; ms per logp+gradient call, median of {repeats}\n")
+    print("| code | backend | warm start | marginal ms | full ms | ratio | Newton it. | evals |")
+    print("|---|---|---|---|---|---|---|---|")
+    for mode, label in [("FAST_RUN", "C"), ("NUMBA", "NUMBA")]:
+        rows = [("old", args.old, None), ("new", new, "0"), ("new", new, "1")]
+        for name, path, warm in rows:
+            r = run_version(path, mode, repeats, warm)
+            if r is None:
+                print(f"| {name} | {label} | {warm} | failed | | | | |")
+                continue
+            warm_label = {None: "-", "0": "off", "1": "on"}[warm]
+            print(
+                f"| {name} | {label} | {warm_label} | {r['marginal_ms']:.3f} | {r['full_ms']:.3f}"
+                f" | {r['marginal_ms'] / r['full_ms']:.1f}x | {r['iterations']:.2f} |"
+                f" {r['evaluations']:.2f} |",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
