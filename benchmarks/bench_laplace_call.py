@@ -87,12 +87,8 @@ def worker(mode: str, repeats: int) -> dict:
     )
     k = node.op.n_controls
     counts = marginal.replace_rvs_by_values(node.outputs[k + 1 : k + 3])
-    count_fn = pytensor.function(
-        marginal.value_vars, counts, on_unused_input="ignore", mode=mode
-    )
-    work = np.array(
-        [[int(c) for c in count_fn(*map(np.asarray, p))] for p in marginal_points]
-    )
+    count_fn = pytensor.function(marginal.value_vars, counts, on_unused_input="ignore", mode=mode)
+    work = np.array([[int(c) for c in count_fn(*map(np.asarray, p))] for p in marginal_points])
 
     fns = {}
     for label, model, points in [
