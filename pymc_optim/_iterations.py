@@ -82,96 +82,187 @@ def _newton(
     Returns ``(z, success, n_iterations, n_evaluations)``, the last three of shape (B,).
     """
     z = np.array(z0, dtype="float64")
-    if rows is None:
-        rows = np.arange(z.size)[None, :]
-    n_problems = rows.shape[0]
+    if rows is None or rows.shape[0] == 1:
+        return _newton_one(
+            system,
+            merit,
+            z,
+            structure=structure,
+            minimization=minimization,
+            tol=tol,
+            max_iter=max_iter,
+        )
+    n_problems, width = rows.shape
+    if np.array_equal(rows.ravel(), np.arange(z.size)):  # contiguous problems: views, no copies
+
+        def view(v):
+            return v.reshape(n_problems, width)
+    else:
+
+        def view(v):
+            return v[rows]
+
     owner = np.empty(z.size, dtype=np.int64)
-    owner[rows.ravel()] = np.repeat(np.arange(n_problems), rows.shape[1])
+    owner[rows.ravel()] = np.repeat(np.arange(n_problems), width)
+
+    def expand(flags):
+        """Per-problem values on z's elements (broadcasting does it for one problem)."""
+        return flags if n_problems == 1 else flags[owner]
 
     def max_abs(v):
-        return np.max(np.abs(v[rows]), axis=1, initial=0.0)
+        return np.max(np.abs(view(v)), axis=1, initial=0.0)
 
     def dot(u, v):
-        return np.sum(u[rows] * v[rows], axis=1)
+        return np.einsum("ij,ij->i", view(u), view(v))
 
     def finite(m, F):
-        return np.isfinite(m) & np.all(np.isfinite(F[rows]), axis=1)
+        return np.isfinite(m) & np.isfinite(view(F)).all(axis=1)
 
     m, F, A = system(z)
     n_evaluations = np.ones(n_problems, dtype=np.int64)
     n_iterations = np.full(n_problems, max_iter, dtype=np.int64)
     running = np.ones(n_problems, dtype=bool)
     success = np.zeros(n_problems, dtype=bool)
+    everything = np.ones(n_problems, dtype=bool)
 
     def stop(which, ok, iteration, A_now=None):
         """End the problems in `which`, successful where `ok` (and, for minimization, where
         A is positive definite)."""
-        nonlocal running
-        if minimization and np.any(which & ok):
+        if minimization and (which & ok).any():
             ok = ok & positive_definite(structure, A_now, owner, n_problems)
         success[which] = ok[which]
         n_iterations[which] = iteration
-        running = running & ~which
+        running[which] = False
 
     for iteration in range(max_iter + 1):
-        ok_values = finite(m, F)
-        stop(running & ~ok_values, ok_values, iteration)
-        stop(running & (max_abs(F) <= tol), ok_values, iteration, A)
+        ok = finite(m, F)
+        if not ok.all():
+            stop(running & ~ok, ok, iteration)
+        converged = running & (max_abs(F) <= tol)
+        if converged.any():
+            stop(converged, ok, iteration, A)
         if iteration == max_iter or not running.any():
             break
         d = -solve(structure, A, F)
         if minimization:
             slope = dot(F, d)
             is_newton_step = np.isfinite(slope) & (slope < 0)
-            gradient_step = ~is_newton_step[owner]
-            d = np.where(gradient_step, -F, d)
-            slope = np.where(is_newton_step, slope, -dot(F, F))
+            if not is_newton_step.all():
+                d = np.where(expand(is_newton_step), d, -F)
+                slope = np.where(is_newton_step, slope, -dot(F, F))
         else:
-            is_newton_step = np.all(np.isfinite(d[rows]), axis=1)
-            stop(running & ~is_newton_step, is_newton_step, iteration)
+            is_newton_step = np.isfinite(view(d)).all(axis=1)
+            if not is_newton_step.all():
+                stop(running & ~is_newton_step, is_newton_step, iteration)
             slope = -2.0 * m
-        tiny = running & is_newton_step & tiny_step(d, z, rows)
+        tiny = running & is_newton_step & tiny_step(max_abs(d), max_abs(z))
         if tiny.any():
-            z = np.where(tiny[owner], z + d, z)
+            z = np.where(expand(tiny), z + d, z)
             stop(tiny, tiny, iteration + 1, A)
-        if not running.any():
-            break
+            if not running.any():
+                break
         # the full step, all running problems at once: one evaluation of the system
-        step = running[owner]
-        z_full = np.where(step, z + d, z)
+        z_full = z + d if running.all() else np.where(expand(running), z + d, z)
         m_full, F_full, A_full = system(z_full)
-        n_evaluations[running] += 1
+        n_evaluations += running
         finite_full = finite(m_full, F_full)
-        armijo = finite_full & (m_full <= m + ARMIJO * slope)
-        accepted = running & armijo
-        if minimization:
+        accepted = running & finite_full & (m_full <= m + ARMIJO * slope)
+        if minimization and not accepted.all():
             unseen = running & is_newton_step & unseen_decrease(slope, m)
-            smaller = finite_full & (max_abs(F_full) < max_abs(F))
-            accepted |= unseen & smaller
+            accepted |= unseen & finite_full & (max_abs(F_full) < max_abs(F))
             # the minimum to rounding error: neither the objective nor max|F| sees progress
-            stop(unseen & ~accepted, np.ones(n_problems, dtype=bool), iteration + 1, A)
+            stalled = unseen & ~accepted
+            if stalled.any():
+                stop(stalled, everything, iteration + 1, A)
         backtrack = running & ~accepted
         if not backtrack.any():
             # problems stopped above keep their z; the values at z_full are theirs no more
-            z, m, F, A = np.where(accepted[owner], z_full, z), m_full, F_full, A_full
+            z = z_full if accepted.all() else np.where(expand(accepted), z_full, z)
+            m, F, A = m_full, F_full, A_full
             continue
         t = np.where(accepted, 1.0, 0.0)
         t_try = np.ones(n_problems)
         searching = backtrack.copy()
         for _ in range(MAX_BACKTRACKS - 1):
             t_try = np.where(searching, 0.5 * t_try, t_try)
-            trial = merit(np.where(searching[owner], z + t_try[owner] * d, z))
-            n_evaluations[searching] += 1
+            trial = merit(np.where(expand(searching), z + expand(t_try) * d, z))
+            n_evaluations += searching
             found = searching & (trial <= m + ARMIJO * t_try * slope)  # False for NaN
             t = np.where(found, t_try, t)
             searching &= ~found
             if not searching.any():
                 break
-        stop(searching, np.zeros(n_problems, dtype=bool), iteration)
-        z = np.where(running[owner], z + t[owner] * d, z)
+        if searching.any():
+            stop(searching, ~everything, iteration)
+        z = np.where(expand(running), z + expand(t) * d, z)
         m, F, A = system(z)
-        n_evaluations[backtrack & running] += 1
+        n_evaluations += backtrack & running
     return z, success, n_iterations, n_evaluations
+
+
+def _newton_one(system, merit, z, *, structure, minimization, tol, max_iter):
+    """`_newton` for one problem, on Python scalars: the same decisions in the same order
+    without the per-problem bookkeeping (a Laplace marginal's solve is one problem, and numpy's
+    per-call overhead on length-1 arrays would cost as much as an inner function call)."""
+    m, F, A = system(z)
+    m = float(m[0])
+    F_max = float(np.abs(F).max(initial=0.0))
+    n_evaluations = 1
+
+    def result(success, iteration, A_now=None):
+        if success and minimization:
+            success = positive_definite_one(structure, A_now)
+        return z, np.array([success]), np.array([iteration]), np.array([n_evaluations])
+
+    for iteration in range(max_iter + 1):
+        if not (np.isfinite(m) and np.isfinite(F_max)):
+            return result(False, iteration)
+        if F_max <= tol:
+            return result(True, iteration, A)
+        if iteration == max_iter:
+            break
+        d = -solve(structure, A, F)
+        if minimization:
+            slope = float(F @ d)
+            is_newton_step = np.isfinite(slope) and slope < 0
+            if not is_newton_step:
+                d, slope = -F, -float(F @ F)
+        else:
+            is_newton_step = bool(np.all(np.isfinite(d)))
+            if not is_newton_step:
+                return result(False, iteration)
+            slope = -2.0 * m
+        if is_newton_step and tiny_step(np.abs(d).max(initial=0.0), np.abs(z).max(initial=0.0)):
+            z = z + d
+            return result(True, iteration + 1, A)
+        m_full, F_full, A_full = system(z + d)
+        m_full = float(m_full[0])
+        F_max_full = float(np.abs(F_full).max(initial=0.0))
+        n_evaluations += 1
+        finite_full = np.isfinite(m_full) and np.isfinite(F_max_full)
+        accepted = finite_full and m_full <= m + ARMIJO * slope
+        if minimization and not accepted and is_newton_step and unseen_decrease(slope, m):
+            if not (finite_full and F_max_full < F_max):
+                return result(True, iteration + 1, A)  # the minimum to rounding error
+            accepted = True
+        if accepted:
+            z, m, F, A, F_max = z + d, m_full, F_full, A_full, F_max_full
+            continue
+        t = 1.0
+        for _ in range(MAX_BACKTRACKS - 1):
+            t *= 0.5
+            trial = float(merit(z + t * d)[0])
+            n_evaluations += 1
+            if trial <= m + ARMIJO * t * slope:  # False for NaN
+                break
+        else:
+            return result(False, iteration)
+        z = z + t * d
+        m, F, A = system(z)
+        m = float(m[0])
+        F_max = float(np.abs(F).max(initial=0.0))
+        n_evaluations += 1
+    return result(False, max_iter)
 
 
 def solve(structure, A, F):
@@ -220,10 +311,20 @@ def positive_definite(structure, A, owner, n_problems):
     return out
 
 
-def tiny_step(d, z, rows):
-    """Per problem: the step is below `STEP_TOL` relative to z."""
-    max_d = np.max(np.abs(d[rows]), axis=1, initial=0.0)
-    return max_d <= STEP_TOL * (1.0 + np.max(np.abs(z[rows]), axis=1, initial=0.0))
+def positive_definite_one(structure, A) -> bool:
+    """`positive_definite` for one problem."""
+    if structure.kind == "diagonal":
+        return bool((A > 0).all())
+    try:
+        L = np.linalg.cholesky(A)
+    except np.linalg.LinAlgError:
+        return False
+    return bool(np.isfinite(L).all())
+
+
+def tiny_step(max_abs_d, max_abs_z):
+    """Per problem: the step is below `STEP_TOL` relative to z (their max-norms given)."""
+    return max_abs_d <= STEP_TOL * (1.0 + max_abs_z)
 
 
 def unseen_decrease(slope, m):
