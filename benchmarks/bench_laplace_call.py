@@ -13,8 +13,9 @@ model at the same 20 points of θ (near the posterior, jittered), calls interlea
 the median over repeats of the mean time per call, their ratio (issue 14 item 5's target:
 ≤ 4x) and the NewtonOp's own iteration and evaluation counts per solve.
 
-Each code version runs in its own subprocess with ``PYTHONPATH`` set to it: ``--old`` (default
-``/work/main``) is the reference, the checkout holding this script the new code; the table puts
+Each code version runs in its own subprocess with ``PYTHONPATH`` set to it: ``--old``, a git
+revision (default: the merge base with ``main``) exported with ``git archive`` to a temporary
+directory, is the reference; the checkout holding this script is the new code. The table puts
 them side by side, measured in one run. Warm start is reported on and off where the code has it
 (``PYMC_OPTIM_WARM_START=0`` turns it off).
 """
@@ -26,6 +27,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -41,7 +43,6 @@ def worker(mode: str, repeats: int) -> dict:
     from pytensor.graph.traversal import ancestors
 
     import pymc_optim as pmo
-    from pymc_optim._newton import NewtonOp
 
     rng = np.random.default_rng(G)
     group = np.repeat(np.arange(G), PER_GROUP)
@@ -83,7 +84,7 @@ def worker(mode: str, repeats: int) -> dict:
     node = next(
         v.owner
         for v in ancestors(marginal.potentials)
-        if v.owner is not None and isinstance(v.owner.op, NewtonOp)
+        if v.owner is not None and type(v.owner.op).__name__ == "NewtonOp"
     )
     k = node.op.n_controls
     counts = marginal.replace_rvs_by_values(node.outputs[k + 1 : k + 3])
@@ -129,7 +130,7 @@ def run_version(path: str, mode: str, repeats: int, warm: str | None) -> dict | 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--old", default="/work/main")
+    parser.add_argument("--old", default=None, help="git revision (default: merge base)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--worker", default=None)
     parser.add_argument("--repeats", type=int, default=15)
@@ -139,11 +140,20 @@ def main(argv=None) -> int:
         return 0
     repeats = 3 if args.quick else args.repeats
     new = str(Path(__file__).resolve().parents[1])
+
+    def git(*cmd):
+        return subprocess.run(["git", "-C", new, *cmd], capture_output=True, check=True).stdout
+
+    revision = args.old or git("merge-base", "HEAD", "main").decode().strip()
+    old_dir = tempfile.mkdtemp(prefix="pymc_optim_old_")
+    archive = git("archive", revision, "pymc_optim")
+    subprocess.run(["tar", "-x", "-C", old_dir], input=archive, check=True)
+    print(f"old = {revision[:10]}, new = {new} (working tree)\n")
     print(f"Poisson random intercepts, G = {G}; ms per logp+gradient call, median of {repeats}\n")
     print("| code | backend | warm start | marginal ms | full ms | ratio | Newton it. | evals |")
     print("|---|---|---|---|---|---|---|---|")
     for mode, label in [("FAST_RUN", "C"), ("NUMBA", "NUMBA")]:
-        rows = [("old", args.old, None), ("new", new, "0"), ("new", new, "1")]
+        rows = [("old", old_dir, None), ("new", new, "0"), ("new", new, "1")]
         for name, path, warm in rows:
             r = run_version(path, mode, repeats, warm)
             if r is None:
