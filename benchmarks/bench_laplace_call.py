@@ -16,8 +16,8 @@ the median over repeats of the mean time per call, their ratio (issue 14 item 5'
 Each code version runs in its own subprocess with ``PYTHONPATH`` set to it: ``--old``, a git
 revision (default: the merge base with ``main``) exported with ``git archive`` to a temporary
 directory, is the reference; the checkout holding this script is the new code. The table puts
-them side by side, measured in one run. Warm start is reported on and off where the code has it
-(``PYMC_OPTIM_WARM_START=0`` turns it off).
+them side by side, measured in one run. Every inner solve starts cold, from u = 0 (no warm
+start yet: issue 14 item 1 is open).
 """
 
 from __future__ import annotations
@@ -116,10 +116,8 @@ def worker(mode: str, repeats: int) -> dict:
     }
 
 
-def run_version(path: str, mode: str, repeats: int, warm: str | None) -> dict | None:
+def run_version(path: str, mode: str, repeats: int) -> dict | None:
     env = dict(os.environ, PYTHONPATH=path)
-    if warm is not None:
-        env["PYMC_OPTIM_WARM_START"] = warm
     cmd = [sys.executable, __file__, "--worker", mode, "--repeats", str(repeats)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode:
@@ -150,18 +148,16 @@ def main(argv=None) -> int:
     subprocess.run(["tar", "-x", "-C", old_dir], input=archive, check=True)
     print(f"old = {revision[:10]}, new = {new} (working tree)\n")
     print(f"Poisson random intercepts, G = {G}; ms per logp+gradient call, median of {repeats}\n")
-    print("| code | backend | warm start | marginal ms | full ms | ratio | Newton it. | evals |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| code | backend | marginal ms | full ms | ratio | Newton it. | evals |")
+    print("|---|---|---|---|---|---|---|")
     for mode, label in [("FAST_RUN", "C"), ("NUMBA", "NUMBA")]:
-        rows = [("old", old_dir, None), ("new", new, "0"), ("new", new, "1")]
-        for name, path, warm in rows:
-            r = run_version(path, mode, repeats, warm)
+        for name, path in [("old", old_dir), ("new", new)]:
+            r = run_version(path, mode, repeats)
             if r is None:
-                print(f"| {name} | {label} | {warm} | failed | | | | |")
+                print(f"| {name} | {label} | failed | | | | |")
                 continue
-            warm_label = {None: "-", "0": "off", "1": "on"}[warm]
             print(
-                f"| {name} | {label} | {warm_label} | {r['marginal_ms']:.3f} | {r['full_ms']:.3f}"
+                f"| {name} | {label} | {r['marginal_ms']:.3f} | {r['full_ms']:.3f}"
                 f" | {r['marginal_ms'] / r['full_ms']:.1f}x | {r['iterations']:.2f} |"
                 f" {r['evaluations']:.2f} |",
                 flush=True,

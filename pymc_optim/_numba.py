@@ -14,12 +14,16 @@ Newton, ``update(z) -> T(z)`` for fixed points.
 * Controls are packed into z and unpacked with the runtime shapes of the initial guesses; the
   parameters are passed through untouched. The adapters are generated as source for the Op's
   numbers of controls, parameters and extras (as pytensor does for Scan and OpFromGraph).
-* Newton directions: ``diagonal`` divides element-wise after an explicit test for a zero entry;
+* Newton directions: ``diagonal`` divides element-wise, NaN where a diagonal entry is zero;
   ``dense`` and ``block_diagonal`` run pytensor's numba ``Solve`` (LAPACK getrf + getrs, one
   per block), which returns NaN when getrf reports an exactly zero pivot. That is the criterion
-  under which ``numpy.linalg.solve`` raises ``LinAlgError`` (gesv = getrf + getrs), so a
-  singular system takes the same branch as in the numpy loop: for minimization the step falls
-  back to −F, for root finding the solve stops with ``success=False``.
+  under which ``numpy.linalg.solve`` raises ``LinAlgError`` (gesv = getrf + getrs), and the
+  numpy loop then puts NaN in the singular blocks, so a singular system takes the same branch
+  as there: for minimization the step falls back to −F, for root finding the solve stops with
+  ``success=False``. The curvature test at a minimum is pytensor's numba ``Cholesky``
+  (``on_error="nan"``), one per block, or A > 0 on a diagonal.
+* Batches (``NewtonOp.batch_ndim``): the loop takes ``rows`` (B, n), problem b's elements of z,
+  and decides per problem, as the numpy loop does.
 * Nothing raises out of the loop. As in ``SolverOp.perform``, an exception from the inner graphs
   (e.g. PyMC's parameter checks) is caught and reported as NaN solutions with
   ``success=False`` and counters −1.
