@@ -93,7 +93,8 @@ def _vectorize_graph_native(op: SolverOp, node, *batched_inputs):
             minimization=op.minimization,
             tol=op.tol,
             max_iter=op.max_iter,
-            batch_ndim=batch_ndim,
+            # an already batched solve keeps its batch dimensions, after the new ones
+            batch_ndim=batch_ndim + op.batch_ndim,
         )
     else:
         new_op = FixedPointOp(
@@ -101,6 +102,8 @@ def _vectorize_graph_native(op: SolverOp, node, *batched_inputs):
         )
     outputs = new_op(*x0s, *outer_params)
     x_stars, diagnostics = outputs[: op.n_controls], outputs[op.n_controls :]
+    if isinstance(new_op, NewtonOp):  # per problem, batch-shaped already
+        return [*x_stars, *diagnostics]
     return [*x_stars, *(pt.broadcast_to(d, batch_shape) for d in diagnostics)]
 
 
