@@ -37,63 +37,299 @@ STEP_TOL = 1e-10
 ROUNDING = 16 * np.finfo("float64").eps
 
 
-def newton(system, merit, z0, *, structure, minimization: bool, tol: float, max_iter: int):
+def newton(*args, **kwargs):
+    """`_newton`, with numpy's floating-point warnings off: a NaN or a singular system is data
+    here (it ends the problem's solve with ``success=False``), not a warning."""
+    with np.errstate(all="ignore"):
+        return _newton(*args, **kwargs)
+
+
+def _newton(
+    system,
+    merit,
+    z0,
+    *,
+    structure,
+    minimization: bool,
+    tol: float,
+    max_iter: int,
+    rows=None,
+):
     """Damped Newton on F(z) = 0 with an Armijo backtracking line search on a merit function.
 
-    Stops with success when max|F| ≤ tol, or when a full Newton step (a descent direction) is
-    negligible: tiny relative to z (`STEP_TOL`) or, for minimization, predicting a decrease
-    below the objective's rounding error (`ROUNDING`).
+    `z` may stack B independent problems (a native batch): ``rows`` (B, n) holds the indices of
+    problem b's elements of z in row b (None: one problem). Every decision — the step length,
+    the stopping tests, success — is taken per problem, so that a problem's iterates are those
+    of its own unbatched solve whatever the other problems do.
 
-    `system(z)` returns ``(merit, F, A)`` with A compact in `structure`; `merit(z)` the merit
-    alone. For minimization the merit is the objective and F its gradient (a non-descent Newton
-    direction falls back to −F); otherwise the merit is ½‖F‖², whose slope along the Newton
-    direction is −‖F‖².
+    Stops problem b with success when max|F_b| ≤ tol, or when a full Newton step (a descent
+    direction) is negligible (`STEP_TOL`) or, for minimization, when its predicted decrease is
+    below the objective's rounding error (`ROUNDING`) *and* the full step no longer reduces
+    max|F_b| either (the minimum found to rounding error; a constant added to the objective
+    only hides the decrease, and then the full step is accepted on max|F| instead).
+    For minimization, success also needs A positive definite at the solution (the structure's
+    own Cholesky): a maximum or a saddle is a stationary point, not a minimum.
+
+    `system(z)` returns ``(merit, F, A)`` with the merit one value per problem (shape (B,)) and
+    A compact in `structure`; `merit(z)` the merit alone. For minimization the merit is the
+    objective and F its gradient (a non-descent Newton direction falls back to −F); otherwise
+    the merit is ½‖F‖², whose slope along the Newton direction is −‖F‖².
+
+    Each iteration evaluates `system` once at the full step z + d (its merit decides the step);
+    only when that is rejected does it backtrack with `merit` and evaluate `system` again at
+    the accepted point.
+
+    Returns ``(z, success, n_iterations, n_evaluations)``, the last three of shape (B,).
     """
     z = np.array(z0, dtype="float64")
+    if rows is None or rows.shape[0] == 1:
+        return _newton_one(
+            system,
+            merit,
+            z,
+            structure=structure,
+            minimization=minimization,
+            tol=tol,
+            max_iter=max_iter,
+        )
+    n_problems, width = rows.shape
+    if np.array_equal(rows.ravel(), np.arange(z.size)):  # contiguous problems: views, no copies
+
+        def view(v):
+            return v.reshape(n_problems, width)
+    else:
+
+        def view(v):
+            return v[rows]
+
+    owner = np.empty(z.size, dtype=np.int64)
+    owner[rows.ravel()] = np.repeat(np.arange(n_problems), width)
+
+    def expand(flags):
+        """Per-problem values on z's elements (broadcasting does it for one problem)."""
+        return flags if n_problems == 1 else flags[owner]
+
+    def max_abs(v):
+        return np.max(np.abs(view(v)), axis=1, initial=0.0)
+
+    def dot(u, v):
+        return np.einsum("ij,ij->i", view(u), view(v))
+
+    def finite(m, F):
+        return np.isfinite(m) & np.isfinite(view(F)).all(axis=1)
+
     m, F, A = system(z)
-    n_evaluations = 1
+    n_evaluations = np.ones(n_problems, dtype=np.int64)
+    n_iterations = np.full(n_problems, max_iter, dtype=np.int64)
+    running = np.ones(n_problems, dtype=bool)
+    success = np.zeros(n_problems, dtype=bool)
+    everything = np.ones(n_problems, dtype=bool)
+
+    def stop(which, ok, iteration, A_now=None):
+        """End the problems in `which`, successful where `ok` (and, for minimization, where
+        A is positive definite)."""
+        if minimization and (which & ok).any():
+            ok = ok & positive_definite(structure, A_now, owner, n_problems)
+        success[which] = ok[which]
+        n_iterations[which] = iteration
+        running[which] = False
+
     for iteration in range(max_iter + 1):
-        if not (np.isfinite(m) and np.all(np.isfinite(F))):
-            return z, False, iteration, n_evaluations
-        if np.max(np.abs(F), initial=0.0) <= tol:
-            return z, True, iteration, n_evaluations
+        ok = finite(m, F)
+        if not ok.all():
+            stop(running & ~ok, ok, iteration)
+        converged = running & (max_abs(F) <= tol)
+        if converged.any():
+            stop(converged, ok, iteration, A)
+        if iteration == max_iter or not running.any():
+            break
+        d = -solve(structure, A, F)
+        if minimization:
+            slope = dot(F, d)
+            is_newton_step = np.isfinite(slope) & (slope < 0)
+            if not is_newton_step.all():
+                d = np.where(expand(is_newton_step), d, -F)
+                slope = np.where(is_newton_step, slope, -dot(F, F))
+        else:
+            is_newton_step = np.isfinite(view(d)).all(axis=1)
+            if not is_newton_step.all():
+                stop(running & ~is_newton_step, is_newton_step, iteration)
+            slope = -2.0 * m
+        tiny = running & is_newton_step & tiny_step(max_abs(d), max_abs(z))
+        if tiny.any():
+            z = np.where(expand(tiny), z + d, z)
+            stop(tiny, tiny, iteration + 1, A)
+            if not running.any():
+                break
+        # the full step, all running problems at once: one evaluation of the system
+        z_full = z + d if running.all() else np.where(expand(running), z + d, z)
+        m_full, F_full, A_full = system(z_full)
+        n_evaluations += running
+        finite_full = finite(m_full, F_full)
+        accepted = running & finite_full & (m_full <= m + ARMIJO * slope)
+        if minimization and not accepted.all():
+            unseen = running & is_newton_step & unseen_decrease(slope, m)
+            accepted |= unseen & finite_full & (max_abs(F_full) < max_abs(F))
+            # the minimum to rounding error: neither the objective nor max|F| sees progress
+            stalled = unseen & ~accepted
+            if stalled.any():
+                stop(stalled, everything, iteration + 1, A)
+        backtrack = running & ~accepted
+        if not backtrack.any():
+            # problems stopped above keep their z; the values at z_full are theirs no more
+            z = z_full if accepted.all() else np.where(expand(accepted), z_full, z)
+            m, F, A = m_full, F_full, A_full
+            continue
+        t = np.where(accepted, 1.0, 0.0)
+        t_try = np.ones(n_problems)
+        searching = backtrack.copy()
+        for _ in range(MAX_BACKTRACKS - 1):
+            t_try = np.where(searching, 0.5 * t_try, t_try)
+            trial = merit(np.where(expand(searching), z + expand(t_try) * d, z))
+            n_evaluations += searching
+            found = searching & (trial <= m + ARMIJO * t_try * slope)  # False for NaN
+            t = np.where(found, t_try, t)
+            searching &= ~found
+            if not searching.any():
+                break
+        if searching.any():
+            stop(searching, ~everything, iteration)
+        z = np.where(expand(running), z + expand(t) * d, z)
+        m, F, A = system(z)
+        n_evaluations += backtrack & running
+    return z, success, n_iterations, n_evaluations
+
+
+def _newton_one(system, merit, z, *, structure, minimization, tol, max_iter):
+    """`_newton` for one problem, on Python scalars: the same decisions in the same order
+    without the per-problem bookkeeping (a Laplace marginal's solve is one problem, and numpy's
+    per-call overhead on length-1 arrays would cost as much as an inner function call)."""
+    m, F, A = system(z)
+    m = float(m[0])
+    F_max = float(np.abs(F).max(initial=0.0))
+    n_evaluations = 1
+
+    def result(success, iteration, A_now=None):
+        if success and minimization:
+            success = positive_definite_one(structure, A_now)
+        return z, np.array([success]), np.array([iteration]), np.array([n_evaluations])
+
+    for iteration in range(max_iter + 1):
+        if not (np.isfinite(m) and np.isfinite(F_max)):
+            return result(False, iteration)
+        if F_max <= tol:
+            return result(True, iteration, A)
         if iteration == max_iter:
             break
-        try:
-            d = -structure.solve_numpy(A, F)
-        except np.linalg.LinAlgError:
-            d = None
+        d = -solve(structure, A, F)
         if minimization:
-            slope = float(F @ d) if d is not None else np.inf
+            slope = float(F @ d)
             is_newton_step = np.isfinite(slope) and slope < 0
             if not is_newton_step:
                 d, slope = -F, -float(F @ F)
-        elif d is None or not np.all(np.isfinite(d)):
-            return z, False, iteration, n_evaluations
         else:
-            slope, is_newton_step = -2.0 * m, True
-        if is_newton_step and newton_step_is_negligible(d, z, slope, m, minimization):
-            return z + d, True, iteration + 1, n_evaluations
+            is_newton_step = bool(np.all(np.isfinite(d)))
+            if not is_newton_step:
+                return result(False, iteration)
+            slope = -2.0 * m
+        if is_newton_step and tiny_step(np.abs(d).max(initial=0.0), np.abs(z).max(initial=0.0)):
+            z = z + d
+            return result(True, iteration + 1, A)
+        m_full, F_full, A_full = system(z + d)
+        m_full = float(m_full[0])
+        F_max_full = float(np.abs(F_full).max(initial=0.0))
+        n_evaluations += 1
+        finite_full = np.isfinite(m_full) and np.isfinite(F_max_full)
+        accepted = finite_full and m_full <= m + ARMIJO * slope
+        if minimization and not accepted and is_newton_step and unseen_decrease(slope, m):
+            if not (finite_full and F_max_full < F_max):
+                return result(True, iteration + 1, A)  # the minimum to rounding error
+            accepted = True
+        if accepted:
+            z, m, F, A, F_max = z + d, m_full, F_full, A_full, F_max_full
+            continue
         t = 1.0
-        for _ in range(MAX_BACKTRACKS):
-            trial = merit(z + t * d)
-            n_evaluations += 1
-            if trial <= m + ARMIJO * t * slope:  # False for NaN: keep halving
-                break
+        for _ in range(MAX_BACKTRACKS - 1):
             t *= 0.5
+            trial = float(merit(z + t * d)[0])
+            n_evaluations += 1
+            if trial <= m + ARMIJO * t * slope:  # False for NaN
+                break
         else:
-            return z, False, iteration, n_evaluations
+            return result(False, iteration)
         z = z + t * d
         m, F, A = system(z)
+        m = float(m[0])
+        F_max = float(np.abs(F).max(initial=0.0))
         n_evaluations += 1
-    return z, False, max_iter, n_evaluations
+    return result(False, max_iter)
 
 
-def newton_step_is_negligible(d, z, slope, m, minimization: bool) -> bool:
-    """See `STEP_TOL` and `ROUNDING`."""
-    tiny_step = np.max(np.abs(d), initial=0.0) <= STEP_TOL * (1.0 + np.max(np.abs(z), initial=0.0))
-    unseen_decrease = minimization and -slope <= ROUNDING * (1.0 + abs(m))
-    return bool(tiny_step or unseen_decrease)
+def solve(structure, A, F):
+    """A⁻¹ F, NaN in the blocks (or diagonal entries) where A is singular."""
+    try:
+        return structure.solve_numpy(A, F)
+    except np.linalg.LinAlgError:
+        pass
+    if structure.kind == "diagonal":
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(A != 0, F / np.where(A != 0, A, 1.0), np.nan)
+    if structure.kind == "dense":
+        return np.full_like(F, np.nan)
+    b = structure.block_size
+    out = np.full((A.shape[0], b), np.nan)
+    for j, (block, rhs) in enumerate(zip(A, F.reshape(-1, b), strict=True)):
+        try:
+            out[j] = np.linalg.solve(block, rhs)
+        except np.linalg.LinAlgError:
+            pass
+    return out.reshape(-1)
+
+
+def positive_definite(structure, A, owner, n_problems):
+    """Per problem: whether its part of A is positive definite (Cholesky, or A > 0 on a
+    diagonal); NaN entries count as not positive definite."""
+    if structure.kind == "diagonal":
+        bad = ~(A > 0)
+        element_owner = owner
+    else:
+        blocks = A[None] if structure.kind == "dense" else A
+        bad = np.zeros(blocks.shape[0], dtype=bool)
+        try:
+            np.linalg.cholesky(blocks)
+        except np.linalg.LinAlgError:
+            for j, block in enumerate(blocks):
+                try:
+                    np.linalg.cholesky(block)
+                except np.linalg.LinAlgError:
+                    bad[j] = True
+        bad |= ~np.all(np.isfinite(blocks), axis=(1, 2))
+        size = blocks.shape[-1]
+        element_owner = owner[::size] if structure.kind != "dense" else owner[:1]
+    out = np.ones(n_problems, dtype=bool)
+    out[element_owner[bad]] = False
+    return out
+
+
+def positive_definite_one(structure, A) -> bool:
+    """`positive_definite` for one problem."""
+    if structure.kind == "diagonal":
+        return bool((A > 0).all())
+    try:
+        L = np.linalg.cholesky(A)
+    except np.linalg.LinAlgError:
+        return False
+    return bool(np.isfinite(L).all())
+
+
+def tiny_step(max_abs_d, max_abs_z):
+    """Per problem: the step is below `STEP_TOL` relative to z (their max-norms given)."""
+    return max_abs_d <= STEP_TOL * (1.0 + max_abs_z)
+
+
+def unseen_decrease(slope, m):
+    """Per problem: the predicted decrease −slope is below the objective's rounding error."""
+    return -slope <= ROUNDING * (1.0 + np.abs(m))
 
 
 def fixed_point_iteration(update, z0, *, tol: float, max_iter: int):

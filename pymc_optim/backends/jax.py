@@ -22,7 +22,7 @@ from pymc_optim.backends.iterations import (
     ROUNDING,
     STEP_TOL,
 )
-from pymc_optim.backends.newton import NewtonOp
+from pymc_optim.backends.newton import NewtonOp, problem_rows
 from pymc_optim.backends.packing import Packer
 from pymc_optim.graph.solver_op import SolverOp
 from pymc_optim.implicit import implicit_pullback
@@ -64,6 +64,18 @@ def _jax_function(inputs, outputs):
     return jax_funcify(fgraph)
 
 
+def _positive_definite(structure, A, owner, n_problems):
+    """Per problem: its part of A is positive definite (`_iterations.positive_definite`)."""
+    if structure.kind == "diagonal":
+        bad, element_owner = ~(A > 0), owner
+    else:
+        blocks = A[None] if structure.kind == "dense" else A
+        L = jnp.linalg.cholesky(blocks)  # NaN where a block is not positive definite
+        bad = ~jnp.all(jnp.isfinite(L), axis=(1, 2))
+        element_owner = owner[:: blocks.shape[-1]] if structure.kind != "dense" else owner[:1]
+    return jnp.zeros(n_problems, jnp.int32).at[element_owner].max(bad.astype(jnp.int32)) == 0
+
+
 @jax_funcify.register(NewtonOp)
 def _newton_jax(op: NewtonOp, node=None, **kwargs):
     xs, params = op.typed_inner_inputs(node)
@@ -80,72 +92,135 @@ def _newton_jax(op: NewtonOp, node=None, **kwargs):
         op.max_iter,
         op.minimization,
     )
+    batch_ndim = op.batch_ndim
 
     def newton(*inputs):
+        """`_iterations.newton` as a ``while_loop``: the same per-problem decisions."""
         x0s, params = inputs[:n_controls], inputs[n_controls : n_controls + n_params]
         flat = Packer(x0s)
+        batch_shape = tuple(jnp.shape(x0s[0])[:batch_ndim])
+        rows = problem_rows(flat.sizes, batch_shape)
+        n_problems = rows.shape[0]
+        owner = np.empty(sum(flat.sizes), dtype=np.int64)
+        owner[rows.ravel()] = np.repeat(np.arange(n_problems), rows.shape[1])
 
         def system(z):
             m, F, A = system_fn(*flat.unpack(z), *params)
-            return m.astype(jnp.float64), F.astype(jnp.float64), A
+            return jnp.reshape(m, -1).astype(jnp.float64), F.astype(jnp.float64), A
 
         def merit(z):
             (m,) = merit_fn(*flat.unpack(z), *params)
-            return m.astype(jnp.float64)
+            return jnp.reshape(m, -1).astype(jnp.float64)
 
-        def converged(F):
-            return jnp.max(jnp.abs(F), initial=0.0) <= tol
+        def max_abs(v):
+            return jnp.max(jnp.abs(v[rows]), axis=1, initial=0.0)
+
+        def dot(u, v):
+            return jnp.sum(u[rows] * v[rows], axis=1)
 
         def finite(m, F):
-            return jnp.isfinite(m) & jnp.all(jnp.isfinite(F))
+            return jnp.isfinite(m) & jnp.all(jnp.isfinite(F[rows]), axis=1)
 
-        def cond(state):
-            it, _, m, F, _, _, stalled, negligible = state
-            return (it < max_iter) & finite(m, F) & ~converged(F) & ~stalled & ~negligible
+        def stop(state, which, ok, iteration, A):
+            """End the problems in `which`, successful where `ok` (minimization: and where A
+            is positive definite, factorized only when some problem needs it)."""
+            running, success, n_iterations = state
+            if minimization:
+                ok = ok & jax.lax.cond(
+                    jnp.any(which & ok),
+                    lambda: _positive_definite(structure, A, owner, n_problems),
+                    lambda: jnp.ones(n_problems, bool),
+                )
+            return (
+                running & ~which,
+                jnp.where(which, ok, success),
+                jnp.where(which, iteration, n_iterations),
+            )
+
+        def checks(flags, m, F, A, iteration):
+            """What the numpy loop tests at the top of each iteration."""
+            ok = finite(m, F)
+            flags = stop(flags, flags[0] & ~ok, ok, iteration, A)
+            flags = stop(flags, flags[0] & (max_abs(F) <= tol), ok, iteration, A)
+            running, success, n_iterations = flags
+            return running & (iteration < max_iter), success, n_iterations
 
         def body(state):
-            it, z, m, F, A, nfev, _, _ = state
+            it, z, m, F, A, nfev, flags = state
+            running = flags[0]
             d = -structure.solve_array(A, F, jnp)
             if minimization:
-                slope = F @ d
+                slope = dot(F, d)
                 is_newton_step = jnp.isfinite(slope) & (slope < 0)
-                d = jnp.where(is_newton_step, d, -F)
-                slope = jnp.where(is_newton_step, slope, -(F @ F))
+                d = jnp.where(is_newton_step[owner], d, -F)
+                slope = jnp.where(is_newton_step, slope, -dot(F, F))
             else:
-                slope, is_newton_step = -2.0 * m, jnp.all(jnp.isfinite(d))
-            # the same rules as _iterations.newton_step_is_negligible
-            negligible = jnp.max(jnp.abs(d), initial=0.0) <= STEP_TOL * (
-                1.0 + jnp.max(jnp.abs(z), initial=0.0)
-            )
+                is_newton_step = jnp.all(jnp.isfinite(d[rows]), axis=1)
+                flags = stop(flags, running & ~is_newton_step, is_newton_step, it, A)
+                slope = -2.0 * m
+            # the same rule as _iterations.tiny_step
+            tiny = max_abs(d) <= STEP_TOL * (1.0 + max_abs(z))
+            tiny = flags[0] & is_newton_step & tiny
+            z = jnp.where(tiny[owner], z + d, z)
+            flags = stop(flags, tiny, tiny, it + 1, A)
+            running = flags[0]
+
+            z_full = jnp.where(running[owner], z + d, z)
+            m_full, F_full, A_full = system(z_full)
+            nfev = nfev + running
+            finite_full = finite(m_full, F_full)
+            accepted = running & finite_full & (m_full <= m + ARMIJO * slope)
             if minimization:
-                negligible = negligible | (-slope <= ROUNDING * (1.0 + jnp.abs(m)))
-            negligible = is_newton_step & negligible
+                # the same rule as _iterations.unseen_decrease
+                unseen = running & is_newton_step & (-slope <= ROUNDING * (1.0 + jnp.abs(m)))
+                smaller = finite_full & (max_abs(F_full) < max_abs(F))
+                accepted = accepted | (unseen & smaller)
+                flags = stop(flags, unseen & ~accepted, jnp.ones(n_problems, bool), it + 1, A)
+            backtrack = flags[0] & ~accepted
 
             def ls_cond(ls):
-                k, t, accepted = ls
-                return (k < MAX_BACKTRACKS) & ~accepted & ~negligible
+                k, _, _, searching, _ = ls
+                return (k < MAX_BACKTRACKS - 1) & jnp.any(searching)
 
             def ls_body(ls):
-                k, t, _ = ls
-                accepted = merit(z + t * d) <= m + ARMIJO * t * slope
-                return k + 1, jnp.where(accepted, t, 0.5 * t), accepted
+                k, t, t_try, searching, nfev = ls
+                t_try = jnp.where(searching, 0.5 * t_try, t_try)
+                trial = merit(jnp.where(searching[owner], z + t_try[owner] * d, z))
+                nfev = nfev + searching
+                found = searching & (trial <= m + ARMIJO * t_try * slope)  # False for NaN
+                return k + 1, jnp.where(found, t_try, t), t_try, searching & ~found, nfev
 
-            k, t, accepted = jax.lax.while_loop(ls_cond, ls_body, (0, 1.0, False))
-            accepted = accepted | negligible
-            z_new = jnp.where(accepted, z + t * d, z)
-            m_new, F_new, A_new = system(z_new)
-            return it + 1, z_new, m_new, F_new, A_new, nfev + k + 1, ~accepted, negligible
+            t0 = jnp.where(accepted, 1.0, 0.0)
+            ls = (0, t0, jnp.ones(n_problems), backtrack, nfev)
+            _, t, _, searching, nfev = jax.lax.while_loop(ls_cond, ls_body, ls)
+            flags = stop(flags, searching, jnp.zeros(n_problems, bool), it, A)
+            stepped = flags[0] | accepted  # still running: accepted or backtracked
+            z_new = jnp.where(stepped[owner], z + t[owner] * d, z)
+            z_new = jnp.where(jnp.any(backtrack), z_new, jnp.where(accepted[owner], z_full, z))
+
+            def evaluate():
+                return system(z_new)
+
+            m, F, A = jax.lax.cond(jnp.any(backtrack), evaluate, lambda: (m_full, F_full, A_full))
+            nfev = nfev + (backtrack & flags[0])
+            flags = checks(flags, m, F, A, it + 1)
+            return it + 1, z_new, m, F, A, nfev, flags
 
         z0 = flat.pack(x0s, jnp)
         m0, F0, A0 = system(z0)
-        init = (0, z0, m0, F0, A0, 1, False, False)
-        it, z, m, F, _, nfev, _, negligible = jax.lax.while_loop(cond, body, init)
-        success = finite(m, F) & (converged(F) | negligible)
+        none = jnp.zeros(n_problems, bool)
+        flags = (~none, none, jnp.full(n_problems, max_iter, jnp.int64))
+        flags = checks(flags, m0, F0, A0, 0)
+        nfev0 = jnp.ones(n_problems, jnp.int64)
+        init = (0, z0, m0, F0, A0, nfev0, flags)
+        _, z, _, _, _, nfev, (_, success, n_iterations) = jax.lax.while_loop(
+            lambda state: jnp.any(state[-1][0]), body, init
+        )
         return (
             *flat.unpack(z),
-            success,
-            jnp.asarray(it, jnp.int64),
-            jnp.asarray(nfev, jnp.int64),
+            success.reshape(batch_shape),
+            n_iterations.astype(jnp.int64).reshape(batch_shape),
+            nfev.astype(jnp.int64).reshape(batch_shape),
         )
 
     return _with_implicit_vjp(op, node, newton)

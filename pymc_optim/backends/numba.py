@@ -14,12 +14,16 @@ Newton, ``update(z) -> T(z)`` for fixed points.
 * Controls are packed into z and unpacked with the runtime shapes of the initial guesses; the
   parameters are passed through untouched. The adapters are generated as source for the Op's
   numbers of controls, parameters and extras (as pytensor does for Scan and OpFromGraph).
-* Newton directions: ``diagonal`` divides element-wise after an explicit test for a zero entry;
+* Newton directions: ``diagonal`` divides element-wise, NaN where a diagonal entry is zero;
   ``dense`` and ``block_diagonal`` run pytensor's numba ``Solve`` (LAPACK getrf + getrs, one
   per block), which returns NaN when getrf reports an exactly zero pivot. That is the criterion
-  under which ``numpy.linalg.solve`` raises ``LinAlgError`` (gesv = getrf + getrs), so a
-  singular system takes the same branch as in the numpy loop: for minimization the step falls
-  back to −F, for root finding the solve stops with ``success=False``.
+  under which ``numpy.linalg.solve`` raises ``LinAlgError`` (gesv = getrf + getrs), and the
+  numpy loop then puts NaN in the singular blocks, so a singular system takes the same branch
+  as there: for minimization the step falls back to −F, for root finding the solve stops with
+  ``success=False``. The curvature test at a minimum is pytensor's numba ``Cholesky``
+  (``on_error="nan"``), one per block, or A > 0 on a diagonal.
+* Batches (``NewtonOp.batch_ndim``): the loop takes ``rows`` (B, n), problem b's elements of z,
+  and decides per problem, as the numpy loop does.
 * Nothing raises out of the loop. As in ``SolverOp.perform``, an exception from the inner graphs
   (e.g. PyMC's parameter checks) is caught and reported as NaN solutions with
   ``success=False`` and counters −1.
@@ -124,63 +128,177 @@ def _all_finite(v):
 
 @_njit
 def _solve_diagonal(A, F):
-    """F / A, or NaN when a diagonal entry is zero (where the numpy loop raises)."""
+    """F / A, NaN where a diagonal entry is zero (as the numpy loop's `_iterations.solve`)."""
+    out = np.empty(F.size)
     for i in range(A.size):
-        if A[i] == 0.0:
-            return np.full(F.size, np.nan)
-    return F / A
+        out[i] = F[i] / A[i] if A[i] != 0.0 else np.nan
+    return out
 
 
 @_njit
-def _newton_step_is_negligible(d, z, slope, m, minimization):
-    """`_iterations.newton_step_is_negligible`."""
-    tiny_step = _max_abs(d) <= STEP_TOL * (1.0 + _max_abs(z))
-    unseen_decrease = minimization and -slope <= ROUNDING * (1.0 + abs(m))
-    return tiny_step or unseen_decrease
+def _rows_max_abs(v, rows):
+    """Per problem: ``np.max(np.abs(v[rows]), axis=1, initial=0.0)``, NaN if a NaN is there."""
+    out = np.zeros(rows.shape[0])
+    for b in range(rows.shape[0]):
+        for j in range(rows.shape[1]):
+            a = abs(v[rows[b, j]])
+            if np.isnan(a):
+                out[b] = a
+                break
+            if a > out[b]:
+                out[b] = a
+    return out
+
+
+@_njit
+def _rows_dot(u, v, rows):
+    out = np.zeros(rows.shape[0])
+    for b in range(rows.shape[0]):
+        total = 0.0
+        for j in range(rows.shape[1]):
+            total += u[rows[b, j]] * v[rows[b, j]]
+        out[b] = total
+    return out
+
+
+@_njit
+def _rows_finite(v, rows):
+    out = np.ones(rows.shape[0], dtype=np.bool_)
+    for b in range(rows.shape[0]):
+        for j in range(rows.shape[1]):
+            if not np.isfinite(v[rows[b, j]]):
+                out[b] = False
+                break
+    return out
+
+
+@_njit
+def _stop(running, success, n_iterations, which, ok, iteration):
+    """`_iterations._newton`'s ``stop``, in place (the curvature test is the caller's)."""
+    for b in range(running.size):
+        if which[b]:
+            success[b] = ok[b]
+            n_iterations[b] = iteration
+            running[b] = False
+
+
+@functools.cache
+def _positive_definite_function(structure: LinearStructure):
+    """Per problem: A positive definite (`_iterations.positive_definite`), by pytensor's numba
+    ``Cholesky`` (NaN where a block is not positive definite)."""
+    if structure.kind == "diagonal":
+        return _positive_diagonal, "diagonal"
+    ndim = {"dense": 2, "block_diagonal": 3}[structure.kind]
+    A = pt.tensor("A", dtype="float64", shape=(None,) * ndim)
+    cholesky_fn, key = _numba_function([A], [pt.linalg.cholesky(A, on_error="nan")])
+
+    @_njit
+    def blocks(A, owner, n_problems):
+        L = np.ascontiguousarray(cholesky_fn(A)[0])
+        size = L.shape[-1]
+        L = L.reshape((-1, size * size))
+        out = np.ones(n_problems, dtype=np.bool_)
+        for j in range(L.shape[0]):
+            if not _all_finite(L[j]):
+                out[owner[j * size]] = False
+        return out
+
+    return blocks, key
+
+
+@_njit
+def _positive_diagonal(A, owner, n_problems):
+    out = np.ones(n_problems, dtype=np.bool_)
+    for i in range(A.size):
+        if not A[i] > 0:
+            out[owner[i]] = False
+    return out
 
 
 # --- the loops of `_iterations`, closed over the problem's compiled functions ---------------------
-def _newton_loop(system, merit, solve, *, minimization: bool, tol: float, max_iter: int):
+def _newton_loop(
+    system, merit, solve, positive_definite, *, minimization: bool, tol: float, max_iter: int
+):
+    """`_iterations._newton`, decision for decision, on B stacked problems (``rows``)."""
+
     @_njit
-    def newton(z, args):
+    def newton(z, args, rows):
+        n_problems = rows.shape[0]
+        owner = np.empty(z.size, dtype=np.int64)
+        for b in range(n_problems):
+            for j in range(rows.shape[1]):
+                owner[rows[b, j]] = b
         m, F, A = system(z, args)
-        n_evaluations = 1
+        n_evaluations = np.ones(n_problems, dtype=np.int64)
+        n_iterations = np.full(n_problems, max_iter, dtype=np.int64)
+        running = np.ones(n_problems, dtype=np.bool_)
+        success = np.zeros(n_problems, dtype=np.bool_)
+        everything = np.ones(n_problems, dtype=np.bool_)
+        nothing = np.zeros(n_problems, dtype=np.bool_)
         for iteration in range(max_iter + 1):
-            if not (np.isfinite(m) and _all_finite(F)):
-                return z, False, iteration, n_evaluations
-            if _max_abs(F) <= tol:
-                return z, True, iteration, n_evaluations
-            if iteration == max_iter:
+            ok = np.isfinite(m) & _rows_finite(F, rows)
+            _stop(running, success, n_iterations, running & ~ok, ok, iteration)
+            converged = running & (_rows_max_abs(F, rows) <= tol)
+            if minimization and np.any(converged):
+                ok = ok & positive_definite(A, owner, n_problems)
+            _stop(running, success, n_iterations, converged, ok, iteration)
+            if iteration == max_iter or not np.any(running):
                 break
-            d = -solve(A, F)  # NaN when A is singular
+            d = -solve(A, F)  # NaN where A is singular
             if minimization:
-                slope = np.dot(F, d)
-                is_newton_step = np.isfinite(slope) and slope < 0
-                if not is_newton_step:
-                    d = -F
-                    slope = -np.dot(F, F)
-            elif not _all_finite(d):
-                return z, False, iteration, n_evaluations
+                slope = _rows_dot(F, d, rows)
+                is_newton_step = np.isfinite(slope) & (slope < 0)
+                d = np.where(is_newton_step[owner], d, -F)
+                slope = np.where(is_newton_step, slope, -_rows_dot(F, F, rows))
             else:
+                is_newton_step = _rows_finite(d, rows)
+                _stop(running, success, n_iterations, running & ~is_newton_step, nothing, iteration)
                 slope = -2.0 * m
-                is_newton_step = True
-            if is_newton_step and _newton_step_is_negligible(d, z, slope, m, minimization):
-                return z + d, True, iteration + 1, n_evaluations
-            t = 1.0
-            accepted = False
-            for _ in range(MAX_BACKTRACKS):
-                trial = merit(z + t * d, args)
-                n_evaluations += 1
-                if trial <= m + ARMIJO * t * slope:  # False for NaN: keep halving
-                    accepted = True
+            tiny = _rows_max_abs(d, rows) <= STEP_TOL * (1.0 + _rows_max_abs(z, rows))
+            tiny = running & is_newton_step & tiny
+            if np.any(tiny):
+                z = np.where(tiny[owner], z + d, z)
+                tiny_ok = tiny.copy()
+                if minimization:
+                    tiny_ok = tiny_ok & positive_definite(A, owner, n_problems)
+                _stop(running, success, n_iterations, tiny, tiny_ok, iteration + 1)
+            if not np.any(running):
+                break
+            z_full = np.where(running[owner], z + d, z)
+            m_full, F_full, A_full = system(z_full, args)
+            n_evaluations += running
+            finite_full = np.isfinite(m_full) & _rows_finite(F_full, rows)
+            accepted = running & finite_full & (m_full <= m + ARMIJO * slope)
+            if minimization:
+                unseen = running & is_newton_step & (-slope <= ROUNDING * (1.0 + np.abs(m)))
+                smaller = finite_full & (_rows_max_abs(F_full, rows) < _rows_max_abs(F, rows))
+                accepted = accepted | (unseen & smaller)
+                stalled = unseen & ~accepted
+                if np.any(stalled):
+                    stalled_ok = everything & positive_definite(A, owner, n_problems)
+                    _stop(running, success, n_iterations, stalled, stalled_ok, iteration + 1)
+            backtrack = running & ~accepted
+            if not np.any(backtrack):
+                z = np.where(accepted[owner], z_full, z)
+                m, F, A = m_full, F_full, A_full
+                continue
+            t = np.where(accepted, 1.0, 0.0)
+            t_try = np.ones(n_problems)
+            searching = backtrack.copy()
+            for _ in range(MAX_BACKTRACKS - 1):
+                t_try = np.where(searching, 0.5 * t_try, t_try)
+                trial = merit(np.where(searching[owner], z + t_try[owner] * d, z), args)
+                n_evaluations += searching
+                found = searching & (trial <= m + ARMIJO * t_try * slope)  # False for NaN
+                t = np.where(found, t_try, t)
+                searching = searching & ~found
+                if not np.any(searching):
                     break
-                t *= 0.5
-            if not accepted:
-                return z, False, iteration, n_evaluations
-            z = z + t * d
+            _stop(running, success, n_iterations, searching, nothing, iteration)
+            z = np.where(running[owner], z + t[owner] * d, z)
             m, F, A = system(z, args)
-            n_evaluations += 1
-        return z, False, max_iter, n_evaluations
+            n_evaluations += backtrack & running
+        return z, success, n_iterations, n_evaluations
 
     return newton
 
@@ -291,28 +409,76 @@ def _adapter_source(op: SolverOp, node, inner_outputs: dict) -> str:
     for name, outputs in inner_outputs.items():
         lines += [f"def {name}(z, args):", *get_args, *unpack(control_dtypes)]
         lines.append(f"    r = {name}_fn{call}")
+        # the merit: one value per problem (a vector even for one problem)
+        merit = "np.ascontiguousarray(r[0]).reshape(r[0].size).astype(np.float64)"
         if name == "system":
             F, A = (_as_float64(f"r[{i}]", out) for i, out in [(1, outputs[1]), (2, outputs[2])])
-            lines.append(f"    return float(r[0].item()), {F}, {A}")
+            lines.append(f"    return {merit}, {F}, {A}")
         elif name == "merit":
-            lines.append("    return float(r[0].item())")
+            lines.append(f"    return {merit}")
         else:
             lines.append(f"    return {_as_float64('r[0]', outputs[0])}")
 
     out_dtypes = [_dtype(x) for x in node.outputs[:k]]
     failed = [f"np.full({x}.shape, np.nan, dtype={d})" for x, d in zip(xs, out_dtypes, strict=True)]
     solutions = [f"u{i}" for i in range(k)]
+    batch_ndim = getattr(op, "batch_ndim", None)
+    if batch_ndim is None:  # fixed points: one problem, scalars
+        call_loop = "loop(pack(args), args)"
+        lines += [
+            "def as_diagnostics(success, n_iterations, n_evaluations, shape_of):",
+            "    return (np.asarray(success), np.asarray(np.int64(n_iterations)), "
+            "np.asarray(np.int64(n_evaluations)))",
+        ]
+        failure = "np.asarray(False), np.asarray(np.int64(-1)), np.asarray(np.int64(-1))"
+    else:  # Newton: B stacked problems (`_newton.problem_rows`), diagnostics batch-shaped
+        batch_shape = "(" + "".join(f"x0.shape[{i}], " for i in range(batch_ndim)) + ")"
+        n_problems = " * ".join(["1", *(f"x0.shape[{i}]" for i in range(batch_ndim))])
+        call_loop = "loop(pack(args), args, rows(args))"
+        lines += [
+            "def rows(args):",
+            *get_args[:k],
+            f"    n_problems = np.int64(1) * {n_problems}",
+            f"    sizes = np.array([{', '.join(f'{x}.size' for x in xs)}], dtype=np.int64)",
+            "    width = np.sum(sizes) // n_problems",
+            "    out = np.empty((n_problems, width), dtype=np.int64)",
+            "    offset = 0",
+            "    column = 0",
+            "    for size in sizes:",
+            "        per_problem = size // n_problems",
+            "        for b in range(n_problems):",
+            "            for j in range(per_problem):",
+            "                out[b, column + j] = offset + b * per_problem + j",
+            "        offset += size",
+            "        column += per_problem",
+            "    return out",
+            "def as_diagnostics(success, n_iterations, n_evaluations, x0):",
+        ]
+        if batch_ndim:
+            lines.append(
+                f"    return (success.reshape({batch_shape}), n_iterations.reshape({batch_shape}), "
+                f"n_evaluations.reshape({batch_shape}))"
+            )
+        else:
+            lines.append(
+                "    return (np.asarray(success[0]), np.asarray(n_iterations[0]), "
+                "np.asarray(n_evaluations[0]))"
+            )
+        shape = batch_shape if batch_ndim else "()"
+        failure = (
+            f"np.zeros({shape}, dtype=np.bool_), np.full({shape}, -1, dtype=np.int64), "
+            f"np.full({shape}, -1, dtype=np.int64)"
+        )
     lines += [
         f"def solver({', '.join([*args, *extras])}):",
         f"    args = ({', '.join(args)},)",
         "    try:",
-        "        z, success, n_iterations, n_evaluations = loop(pack(args), args)",
+        f"        z, success, n_iterations, n_evaluations = {call_loop}",
         "    except Exception:  # as SolverOp.perform: invalid parameters fail the solve",
-        f"        return ({', '.join(failed)}, np.asarray(False), "
-        "np.asarray(np.int64(-1)), np.asarray(np.int64(-1)))",
+        f"        return ({', '.join(failed)}, {failure})",
         *unpack(out_dtypes),
-        f"    return ({', '.join(solutions)}, np.asarray(success), "
-        "np.asarray(np.int64(n_iterations)), np.asarray(np.int64(n_evaluations)))",
+        f"    return ({', '.join(solutions)}, "
+        "*as_diagnostics(success, n_iterations, n_evaluations, x0))",
     ]
     return "\n".join(lines) + "\n"
 
@@ -329,7 +495,8 @@ def _adapters(op: SolverOp, node, inputs, inner_outputs: dict):
         env[f"{name}_fn"], key = _numba_function(inputs, outputs)
         keys.append(key)
     src = _adapter_source(op, node, inner_outputs)
-    for name in ["pack", *inner_outputs]:
+    helpers = ["pack", "as_diagnostics", *(["rows"] if isinstance(op, NewtonOp) else [])]
+    for name in [*helpers, *inner_outputs]:
         env[name] = _njit(compile_numba_function_src(src, name, env))
     return env, src, keys
 
@@ -356,16 +523,18 @@ def _newton_numba(op: NewtonOp, node=None, **kwargs):
     )
     structure = condition.structure
     solve, solve_key = _solve_function(structure)
+    positive_definite, positive_definite_key = _positive_definite_function(structure)
     loop = _newton_loop(
         env["system"],
         env["merit"],
         solve,
+        positive_definite,
         minimization=bool(op.minimization),
         tol=float(op.tol),
         max_iter=int(op.max_iter),
     )
     options = (op.minimization, op.tol, op.max_iter, structure.kind, structure.block_size)
-    return _solver(op, env, src, loop, [*keys, solve_key], options)
+    return _solver(op, env, src, loop, [*keys, solve_key, positive_definite_key], options)
 
 
 @register_funcify_and_cache_key(FixedPointOp)

@@ -7,8 +7,11 @@ iteration on the stacked unknowns, with the per-problem structure kept inside ea
 dense blocks of size n become ``block_diagonal(n)``, diagonal stays diagonal. The implicit rule
 then differentiates the stacked problem with the same structured solve.
 
-The stacked solve shares one step length and one stopping test across the batch, so `success`,
-`n_iterations` and `n_evaluations` are reported for the whole batch (broadcast to its shape).
+The stacked Newton solve takes its decisions per problem (step length, stopping tests,
+positive-definiteness), so each problem follows the iterates of its own unbatched solve and
+`success`, `n_iterations` and `n_evaluations` are per problem: a failing problem leaves the
+others untouched. The stacked fixed-point iterations still share one stopping test, and report
+for the whole batch (broadcast to its shape).
 Where the stacked structure cannot be stated (a dense A over several control variables, or of
 unknown static size) the batch falls back to PyTensor's Blockwise loop.
 """
@@ -85,11 +88,13 @@ def _vectorize_graph_native(op: SolverOp, node, *batched_inputs):
         new_op = NewtonOp(
             problem,
             condition=condition,
-            merit=merit.sum(),
+            merit=merit,
             value=value,
             minimization=op.minimization,
             tol=op.tol,
             max_iter=op.max_iter,
+            # an already batched solve keeps its batch dimensions, after the new ones
+            batch_ndim=batch_ndim + op.batch_ndim,
         )
     else:
         new_op = FixedPointOp(
@@ -97,6 +102,8 @@ def _vectorize_graph_native(op: SolverOp, node, *batched_inputs):
         )
     outputs = new_op(*x0s, *outer_params)
     x_stars, diagnostics = outputs[: op.n_controls], outputs[op.n_controls :]
+    if isinstance(new_op, NewtonOp):  # per problem, batch-shaped already
+        return [*x_stars, *diagnostics]
     return [*x_stars, *(pt.broadcast_to(d, batch_shape) for d in diagnostics)]
 
 

@@ -200,9 +200,17 @@ class SolverOp(Op, HasInnerGraph):
             traces.append(solve)
         for storage, x, inner in zip(output_storage, x_stars, self.problem.inner_xs, strict=False):
             storage[0] = np.asarray(x, dtype=inner.type.dtype).reshape(np.shape(x))
-        output_storage[self.n_controls][0] = np.asarray(bool(success))
-        output_storage[self.n_controls + 1][0] = _count(n_iterations)
-        output_storage[self.n_controls + 2][0] = _count(n_evaluations)
+        shape = self.diagnostics_shape(x0s)
+        for i, value in enumerate(
+            [np.asarray(success, dtype="bool"), _count(n_iterations), _count(n_evaluations)]
+        ):
+            value = np.broadcast_to(value, shape)
+            output_storage[self.n_controls + i][0] = np.array(value)
+
+    def diagnostics_shape(self, x0s) -> tuple:
+        """The shape of `success` and the counters: () (one problem); batch-shaped for an Op
+        that solves a stack of problems and reports per problem."""
+        return ()
 
     def connection_pattern(self, node):
         # x* depends on the continuous parameters only (not on x0 or a bracket: the solution is
@@ -246,8 +254,8 @@ class SolverOp(Op, HasInnerGraph):
 def _count(n) -> np.ndarray:
     """An iteration or evaluation count as int64; -1 where the solver gives none (scipy's
     root_scalar reports NaN iterations when the equation is NaN at a bracket end)."""
-    n = np.asarray(n)
-    return np.asarray(n if np.isfinite(n) else -1, dtype="int64")
+    n = np.asarray(n, dtype="float64")
+    return np.where(np.isfinite(n), n, -1).astype("int64")
 
 
 def _compatible(inner: Variable, outer: Variable) -> Variable:

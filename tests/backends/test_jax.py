@@ -103,3 +103,61 @@ def test_jax_autodiff_of_the_jaxified_graph_uses_the_implicit_rule():
     got = jax.grad(lambda v: jax_fn(v)[0])(a_val)
     want = pytensor.function([a], pt.grad(loss, a))(a_val)
     assert_allclose(np.asarray(got), want, rtol=1e-10)
+
+
+def newton_cases():
+    """Solves that exercise the decisions of the Newton loop, on static shapes (for JAX)."""
+    x, a = pt.vector("x", shape=(3,)), pt.vector("a", shape=(3,))
+    newton = {"method": "newton", "x0": np.zeros(3)}
+    # a local maximum at the start (F = 0, negative curvature): no success
+    yield "maximum", pmo.minimize((((x - a) ** 2 - 1) ** 2).sum(), x, **newton), a, np.zeros(3)
+    # a constant offset that hides the decrease: full steps on max|F|, to the minimum
+    offset = 1e12 + 1e-7 * pt.cosh(x - a).sum()
+    yield (
+        "offset",
+        pmo.minimize(offset, x, **newton, optimizer_kwargs={"tol": 1e-13}),
+        a,
+        np.full(3, 10.0),
+    )
+    # log cosh: the full Newton step −tanh(x − a)/sech²(x − a) overshoots for |x − a| ≳ 1.1
+    yield (
+        "line_search",
+        pmo.minimize(pt.log(pt.cosh(x - a)).sum(), x, **newton, structure="diagonal"),
+        a,
+        np.array([0.5, 1.5, 3.0]),
+    )
+    yield (
+        "full_steps",
+        pmo.minimize((pt.exp(x) - a * x).sum(), x, **newton, structure="diagonal"),
+        a,
+        np.array([0.8, 1.2, 1.5]),
+    )
+
+
+@pytest.mark.parametrize("name", [case[0] for case in newton_cases()])
+def test_newton_decisions_agree_across_backends(name):
+    """Curvature check, offset-independent stop, line search and one call per accepted step:
+    the same solution, success and counts in the C, NUMBA and JAX loops."""
+    _, (x_star, success), a, a_value = next(c for c in newton_cases() if c[0] == name)
+    info = pmo.solution_info(x_star)
+    outputs = [x_star, success, info.n_iterations, info.n_evaluations]
+    results = {
+        mode: [np.asarray(r) for r in pytensor.function([a], outputs, mode=mode)(a_value)]
+        for mode in MODES
+    }
+    value, ok, n_iterations, n_evaluations = results["FAST_RUN"]
+    for mode in ["NUMBA", "JAX"]:
+        assert_allclose(results[mode][0], value, rtol=1e-12, atol=1e-14, err_msg=mode)
+        assert [r.item() for r in results[mode][1:]] == [ok, n_iterations, n_evaluations], mode
+    if name == "maximum":
+        assert not ok and n_iterations == 0
+    else:
+        assert ok
+    if name == "offset":
+        assert_allclose(value, 10.0, atol=1e-6)  # |x − 10| ≤ tol / 1e-7
+    if name == "line_search":
+        assert_allclose(value, a_value, atol=1e-8)
+        assert n_evaluations > n_iterations + 1  # merit-only trials were needed
+    if name == "full_steps":
+        assert_allclose(value, np.log(a_value), atol=1e-8)
+        assert n_evaluations == n_iterations + 1  # one system call per iteration

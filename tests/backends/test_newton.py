@@ -112,3 +112,53 @@ def test_newton_options_are_checked():
         pmo.minimize(objective, x, method="newton", structure="block_diagonal")
     with pytest.raises(ValueError, match="`structure` must be one of"):
         pmo.minimize(objective, x, method="newton", structure="sparse")
+
+
+@pytest.mark.parametrize(
+    "structure, block_size", [("dense", None), ("diagonal", None), ("block_diagonal", 2)]
+)
+def test_a_stationary_point_that_is_not_a_minimum_is_not_success(structure, block_size):
+    """At x = 0, ((x² − 1)²) is stationary (F = 0) with negative curvature: a local maximum.
+    Only a positive definite Hessian makes a stationary point a minimum."""
+    x, a = pt.vector("x"), pt.vector("a")
+    objective = (((x - a) ** 2 - 1) ** 2).sum()
+    x_star, ok = pmo.minimize(
+        objective, x, x0=np.zeros(4), method="newton", structure=structure, block_size=block_size
+    )
+    info = pmo.solution_info(x_star)
+    fn = pytensor.function([a], [x_star, ok, info.n_iterations])
+    value, success, n_iterations = fn(np.zeros(4))
+    assert not success
+    assert_allclose(value, 0.0)  # where it stopped: F = 0 there
+    assert n_iterations == 0
+    # started off the maximum, it leaves it and finds the minima x = ±1 (+ a)
+    value, success, _ = fn(np.array([0.3, -0.3, 0.3, -0.3]))
+    assert success
+    # max|F| ≤ 1e-8 with curvature 8 at the minimum: |x − x*| ≤ 1.25e-9
+    assert_allclose(np.abs(value - np.array([0.3, -0.3, 0.3, -0.3])), 1.0, atol=1.25e-9)
+
+
+def test_scalar_minimization_at_a_maximum_is_not_success():
+    s, c = pt.scalar("s"), pt.scalar("c")
+    s_star, ok = pmo.minimize_scalar(((s - c) ** 2 - 1) ** 2, s, x0=0.0, method="newton")
+    assert not pytensor.function([c], ok)(0.0)
+
+
+def test_the_rounding_stop_does_not_depend_on_a_constant_offset():
+    """1e12 + f(x) has the minimizer of f; its decrease is invisible next to 1e12 from the first
+    steps on, so Newton must go on with full steps that reduce the gradient, not stop."""
+    x, c = pt.vector("x"), pt.scalar("c")
+    f = 1e-7 * pt.cosh(x - 10.0).sum()
+    results = []
+    for objective in [f + c, 1e12 + f + c]:
+        # tol on F = 1e-7 sinh(x − 10): |x − 10| ≤ tol / 1e-7 = 1e-6 at convergence
+        x_star, ok = pmo.minimize(
+            objective, x, x0=np.zeros(3), method="newton", optimizer_kwargs={"tol": 1e-13}
+        )
+        info = pmo.solution_info(x_star)
+        results.append(pytensor.function([c], [x_star, ok, info.n_iterations])(0.0))
+    (x_plain, ok_plain, it_plain), (x_offset, ok_offset, it_offset) = results
+    assert ok_plain and ok_offset
+    assert_allclose(x_offset, 10.0, atol=1e-6)
+    assert_allclose(x_offset, x_plain, atol=1e-6)
+    assert it_offset > 1
