@@ -1,0 +1,1 @@
+"""Linear algebra of A: structures of the Jacobian/Hessian, their solves, log-determinants and draws."""
