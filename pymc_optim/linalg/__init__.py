@@ -1,1 +1,1 @@
-"""Linear algebra of A: structures of the Jacobian/Hessian, their solves, log-determinants and draws."""
+"""Linear algebra of A: structures, their solves, log-determinants and draws."""

@@ -29,7 +29,16 @@ try:
 except ImportError:  # pragma: no cover - exercised by the missing-extra test via sys.modules
     numba = None
 
-__all__ = ["Symbolic", "analyse", "factorize", "logdet", "sample", "selected_inverse", "solve"]
+__all__ = [
+    "Symbolic",
+    "analyse",
+    "factorize",
+    "forward_permuted",
+    "logdet",
+    "sample",
+    "selected_inverse",
+    "solve",
+]
 
 _INSTALL_HINT = (
     "Sparse structures need the optional extra `sparse` (numba kernels): "
@@ -190,6 +199,14 @@ def sample(symbolic: Symbolic, lx: np.ndarray, z: np.ndarray) -> np.ndarray:
     return out.reshape(z.shape)
 
 
+def forward_permuted(symbolic: Symbolic, lx: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """L⁻¹ P u, the adjoint of :func:`sample` (u of shape (n,) or (n, k))."""
+    s = symbolic
+    y = np.ascontiguousarray(u[s.perm].reshape(s.n, -1), dtype=np.float64)
+    _forward(s.n, s.l_indptr, s.l_indices, lx, y)
+    return y.reshape(u.shape)
+
+
 def selected_inverse(symbolic: Symbolic, lx: np.ndarray) -> np.ndarray:
     """(A⁻¹)_ij at every user entry (i, j) of the pattern (Takahashi recurrences on L)."""
     s = symbolic
@@ -275,7 +292,9 @@ def _factor_slots(n, row_indptr, row_columns, l_indptr):
 
 
 @_jit
-def _numeric(n, c_indptr, c_indices, cx, row_indptr, row_columns, row_slots, l_indptr, l_indices, lx):
+def _numeric(
+    n, c_indptr, c_indices, cx, row_indptr, row_columns, row_slots, l_indptr, l_indices, lx
+):
     """Up-looking Cholesky on the precomputed pattern; returns the failing row or -1."""
     x = np.zeros(n)
     for k in range(n):
