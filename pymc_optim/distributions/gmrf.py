@@ -27,6 +27,7 @@ from typing import Literal
 import numpy as np
 import pymc as pm
 import pytensor.tensor as pt
+from pymc.distributions.dist_math import check_parameters
 from pymc.logprob.transforms import Transform
 from pytensor.tensor.variable import TensorVariable
 
@@ -134,7 +135,7 @@ class ICAR:
         graph = _icar_graph(edges, adjacency, weights, n, constraint, epsilon, islands)
         if constraint == "sum_to_zero":
             kwargs.setdefault("transform", ComponentZeroSumTransform(graph.component, graph.roots))
-        return pm.CustomDist(name, sigma, **_icar_custom_dist_kwargs(graph), **kwargs)
+        return pm.CustomDist(name, pm.floatX(sigma), **_icar_custom_dist_kwargs(graph), **kwargs)
 
     @classmethod
     def dist(
@@ -152,7 +153,7 @@ class ICAR:
     ) -> TensorVariable:
         """The unnamed distribution (for ``pm.logp``, ``pm.draw``); same arguments as ``ICAR``."""
         graph = _icar_graph(edges, adjacency, weights, n, constraint, epsilon, islands)
-        return pm.CustomDist.dist(sigma, **_icar_custom_dist_kwargs(graph), **kwargs)
+        return pm.CustomDist.dist(pm.floatX(sigma), **_icar_custom_dist_kwargs(graph), **kwargs)
 
 
 class GMRF:
@@ -197,12 +198,16 @@ class GMRF:
     """
 
     def __new__(cls, name: str, precision, *, mu=0.0, tau=1.0, **kwargs) -> TensorVariable:
-        return pm.CustomDist(name, mu, tau, **_gmrf_custom_dist_kwargs(precision), **kwargs)
+        return pm.CustomDist(
+            name, pm.floatX(mu), pm.floatX(tau), **_gmrf_custom_dist_kwargs(precision), **kwargs
+        )
 
     @classmethod
     def dist(cls, precision, *, mu=0.0, tau=1.0, **kwargs) -> TensorVariable:
         """The unnamed distribution; same arguments as ``GMRF``."""
-        return pm.CustomDist.dist(mu, tau, **_gmrf_custom_dist_kwargs(precision), **kwargs)
+        return pm.CustomDist.dist(
+            pm.floatX(mu), pm.floatX(tau), **_gmrf_custom_dist_kwargs(precision), **kwargs
+        )
 
 
 class ComponentZeroSumTransform(Transform):
@@ -433,7 +438,7 @@ def _icar_custom_dist_kwargs(graph: _Graph) -> dict:
             # The c null directions get precision 1/(ε² n_k): log det adds −Σ log(ε² n_k).
             normaliser_soft = -0.5 * float(np.log(eps**2 * graph.sizes).sum()) - 0.5 * c * _LOG_2PI
             logp = logp - 0.5 * penalty + normaliser_soft
-        return pm.math.check_parameters(logp, sigma > 0, msg="sigma > 0")
+        return check_parameters(logp, sigma > 0, msg="sigma > 0")
 
     def dist(sigma, size):
         z = pm.Normal.dist(0.0, 1.0, shape=(graph.free.size,))
@@ -487,7 +492,7 @@ def _gmrf_custom_dist_kwargs(precision) -> dict:
         d = value - mu
         quadratic = (weights * d[..., pattern.rows] * d[..., pattern.cols]).sum(axis=-1)
         logp = -0.5 * tau * quadratic + 0.5 * n * pt.log(tau) + 0.5 * log_det - 0.5 * n * _LOG_2PI
-        return pm.math.check_parameters(logp, tau > 0, msg="tau > 0")
+        return check_parameters(logp, tau > 0, msg="tau > 0")
 
     def dist(mu, tau, size):
         z = pm.Normal.dist(0.0, 1.0, shape=(n,))
