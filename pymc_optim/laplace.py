@@ -37,6 +37,7 @@ AUTO_STRUCTURE_MAX_SIZE = 10_000
 _PROBE_CHUNK = 128
 #: Latent priors for which the Laplace approximation is exact given a Gaussian likelihood.
 _GAUSSIAN_PRIORS = {"NormalRV", "MvNormalRV", "ZeroSumNormalRV", "AutoRegressiveRV", "RandomWalkRV"}
+_GAUSSIAN_PRIORS |= {"GMRF", "ICAR"}  # pymc_optim.distributions.gmrf (CustomDist class names)
 
 
 def marginalize_laplace(

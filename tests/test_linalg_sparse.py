@@ -3,11 +3,13 @@
 import pickle
 
 import numpy as np
+import pymc as pm
 import pytensor
 import pytensor.tensor as pt
 import pytest
 import scipy.sparse as sp
 
+import pymc_optim as pmo
 from pymc_optim.linalg import _cholesky
 from pymc_optim.linalg.sparse import (
     SelectedInverseOp,
@@ -15,6 +17,7 @@ from pymc_optim.linalg.sparse import (
     SparseLogdetOp,
     SparsePattern,
     SparseSolveOp,
+    SparseStructure,
 )
 
 # Values, solves and the selected inverse are backward-stable Cholesky computations of
@@ -273,3 +276,118 @@ def test_missing_extra_names_it(monkeypatch):
         ImportError, match=r"optional extra `sparse`.*pip install 'pymc-optim\[sparse\]'"
     ):
         SparsePattern([0], [0])
+
+
+# --- SparseStructure: the sparse layout of A in the graph-native solvers and the Laplace ------
+
+
+def grid_edges(m):
+    index = np.arange(m * m).reshape(m, m)
+    right = np.column_stack([index[:, :-1].ravel(), index[:, 1:].ravel()])
+    down = np.column_stack([index[:-1, :].ravel(), index[1:, :].ravel()])
+    return np.concatenate([right, down])
+
+
+def test_coloring_separates_columns_sharing_a_row():
+    H = grid_precision(9, seed=1, extra_edges=30)
+    pattern, _ = SparsePattern.from_scipy(H)
+    structure = SparseStructure(pattern=pattern)
+    dense = H.toarray() != 0
+    colors = structure._colors
+    for g in range(structure.n_colors):
+        # Structurally orthogonal: every row meets at most one column of colour g.
+        assert dense[:, colors == g].sum(axis=1).max() <= 1
+
+
+def test_sparse_structure_newton_matches_dense():
+    m = 6
+    edges = grid_edges(m)
+    structure = SparseStructure.from_edges(edges)
+    x, tau = pt.vector("x"), pt.scalar("tau")
+    counts = np.arange(m * m) % 3
+    i, j = edges[:, 0], edges[:, 1]
+    objective = 0.5 * tau * ((x[i] - x[j]) ** 2).sum() + 0.05 * (x**2).sum()
+    objective = objective + (pt.exp(x) - counts * x).sum()
+    x_sparse, ok = pmo.minimize(
+        objective, x, x0=np.zeros(m * m), method="newton", structure=structure
+    )
+    x_dense, _ = pmo.minimize(objective, x, x0=np.zeros(m * m), method="newton")
+    loss_sparse, loss_dense = (x_sparse**2).sum(), (x_dense**2).sum()
+    f = pytensor.function(
+        [tau],
+        [x_sparse, x_dense, pytensor.grad(loss_sparse, tau), pytensor.grad(loss_dense, tau), ok],
+    )
+    xs, xd, gs, gd, success = f(1.3)
+    assert success
+    np.testing.assert_allclose(xs, xd, rtol=RTOL, atol=1e-12)
+    np.testing.assert_allclose(gs, gd, rtol=RTOL)
+    grad_ops = {
+        type(node.op).__name__
+        for node in pytensor.function(
+            [tau], pytensor.grad(loss_sparse, tau)
+        ).maker.fgraph.apply_nodes
+    }
+    assert "SparseSolveOp" in grad_ops
+
+
+def gmrf_poisson_model(m, seed=0):
+    from pymc_optim.distributions.gmrf import GMRF
+
+    edges = grid_edges(m)
+    n = m * m
+    W = sp.coo_matrix((np.ones(len(edges)), (edges[:, 0], edges[:, 1])), shape=(n, n))
+    W = W + W.T
+    Q = sp.diags(np.asarray(W.sum(axis=1)).ravel()) - W + 0.1 * sp.identity(n)
+    counts = np.random.default_rng(seed).poisson(2.0, size=n)
+    with pm.Model() as model:
+        tau = pm.Gamma("tau", 2.0, 1.0)
+        b = pm.Normal("b", 0.0, 2.0)
+        x = GMRF("x", precision=Q, tau=tau)
+        pm.Poisson("y", mu=pt.exp(b + x), observed=counts)
+    return model, edges
+
+
+def test_marginalize_laplace_sparse_matches_dense_and_recovers_latent():
+    model, edges = gmrf_poisson_model(6)
+    structure = SparseStructure.from_edges(edges)
+    sparse_model = pmo.marginalize_laplace(model, "x", hessian_structure=structure)
+    dense_model = pmo.marginalize_laplace(model, "x", hessian_structure="dense")
+    logp_sparse, logp_dense = sparse_model.compile_logp(), dense_model.compile_logp()
+    dlogp, dlogp_dense = sparse_model.compile_dlogp(), dense_model.compile_dlogp()
+    rng = np.random.default_rng(1)
+    for _ in range(2):
+        point = {"tau_log__": rng.normal(scale=0.5), "b": rng.normal(scale=0.5)}
+        np.testing.assert_allclose(logp_sparse(point), logp_dense(point), rtol=RTOL)
+        np.testing.assert_allclose(dlogp(point), dlogp_dense(point), rtol=RTOL)
+    ops = {type(node.op).__name__ for node in dlogp.f.maker.fgraph.apply_nodes}
+    assert {"SelectedInverseOp", "SparseSolveOp"} <= ops
+    assert not ops & {"Cholesky", "MatrixInverse", "Solve", "SLogDet"}
+    import arviz as az
+
+    posterior = {"tau": np.full((1, 3), 1.2), "b": np.full((1, 3), 0.4)}
+    idata = pmo.recover_latent(
+        sparse_model, az.from_dict(posterior=posterior), random_seed=3, progressbar=False
+    )
+    assert idata.posterior["x"].shape == (1, 3, 36)
+
+
+def test_sparse_structure_numeric_helpers_and_errors():
+    H = grid_precision(4, seed=6)
+    pattern, values = SparsePattern.from_scipy(H)
+    structure = SparseStructure(pattern=pattern)
+    v = np.random.default_rng(0).normal(size=pattern.n)
+    np.testing.assert_allclose(structure.matvec_numpy(values, v), H @ v, rtol=1e-13)
+    np.testing.assert_allclose(
+        structure.solve_numpy(values, v), np.linalg.solve(H.toarray(), v), rtol=RTOL
+    )
+    with pytest.raises(np.linalg.LinAlgError, match="not positive definite"):
+        structure.solve_numpy(-values, v)
+    with pytest.raises(
+        NotImplementedError, match="for a non-symmetric Jacobian use `structure='dense'`"
+    ):
+        structure.solve(pt.vector("a"), pt.vector("b"), transposed=True, symmetric=False)
+    with pytest.raises(TypeError, match="`pattern` must be a SparsePattern.*got NoneType"):
+        SparseStructure()
+    with pytest.raises(ValueError, match=r"`edges` must be an integer array of shape \(E, 2\)"):
+        SparseStructure.from_edges(np.zeros((3, 3)))
+    assert pickle.loads(pickle.dumps(structure)) == structure

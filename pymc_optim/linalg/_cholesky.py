@@ -379,3 +379,38 @@ def _takahashi(n, l_indptr, l_indices, lx, max_column):
             total += lx[p0 + 1 + a] * value
         z[p0] = (1.0 / diag - total) / diag
     return z
+
+
+def distance2_coloring(symbolic_rows: np.ndarray, symbolic_cols: np.ndarray, n: int) -> np.ndarray:
+    """Greedy colouring of the symmetric pattern's columns, no two sharing a row in one colour.
+
+    Columns of one colour are structurally orthogonal, so one product A s (s the colour's
+    indicator) recovers every entry of those columns (Curtis, Powell & Reid 1974).
+    """
+    off = symbolic_rows != symbolic_cols
+    r = np.concatenate([symbolic_rows[off], symbolic_cols[off]])
+    c = np.concatenate([symbolic_cols[off], symbolic_rows[off]])
+    order = np.argsort(r, kind="stable")
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(r, minlength=n), out=indptr[1:])
+    return _greedy_distance2(n, indptr, c[order].astype(np.int64))
+
+
+@_jit
+def _greedy_distance2(n, indptr, indices):
+    color = np.full(n, -1, dtype=np.int64)
+    forbidden = np.full(n + 1, -1, dtype=np.int64)
+    for j in range(n):
+        for p in range(indptr[j], indptr[j + 1]):
+            k = indices[p]
+            if color[k] >= 0:
+                forbidden[color[k]] = j
+            for q in range(indptr[k], indptr[k + 1]):
+                m = indices[q]
+                if m != j and color[m] >= 0:
+                    forbidden[color[m]] = j
+        g = 0
+        while forbidden[g] == j:
+            g += 1
+        color[j] = g
+    return color

@@ -42,15 +42,19 @@ True
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pytensor
+import pytensor.gradient
 import pytensor.tensor as pt
 from pytensor.gradient import grad_not_implemented
 from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
 from pytensor.tensor.variable import TensorVariable
 
+from pymc_optim._linear import LinearStructure, _concat_flat
 from pymc_optim.linalg import _cholesky
 
 __all__ = [
@@ -59,6 +63,7 @@ __all__ = [
     "SparseLogdetOp",
     "SparsePattern",
     "SparseSolveOp",
+    "SparseStructure",
 ]
 
 
@@ -266,6 +271,103 @@ class SparsePattern:
 
     def __repr__(self) -> str:
         return f"SparsePattern(n={self.n}, nnz={self.nnz})"
+
+
+@dataclass(frozen=True)
+class SparseStructure(LinearStructure):
+    """A sparse symmetric positive definite A = ∂F/∂x (a Hessian) on a fixed :class:`SparsePattern`.
+
+    Pass it as ``structure=`` of ``minimize(..., method="newton")`` or as ``hessian_structure=``
+    of ``marginalize_laplace``. A in compact form is the vector of its values on the pattern,
+    built from G Hessian-vector products (G = the number of colours of a distance-2 colouring of
+    the pattern: 5 for a 4-neighbour grid, whatever n), never an (n, n) matrix; solves, the
+    log-determinant (gradient through the selected inverse) and draws go through the sparse
+    Cholesky factor. An entry of A outside the pattern is silently dropped: give the pattern of
+    the whole Hessian (prior precision plus likelihood curvature).
+
+    Parameters
+    ----------
+    pattern : SparsePattern
+    """
+
+    kind: str = "sparse"
+    block_size: int | None = None
+    pattern: SparsePattern | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.pattern, SparsePattern):
+            raise TypeError(
+                "`pattern` must be a SparsePattern, e.g. `SparseStructure.from_edges(edges, n)`; "
+                f"got {type(self.pattern).__name__}."
+            )
+        colors = _cholesky.distance2_coloring(self.pattern.rows, self.pattern.cols, self.pattern.n)
+        object.__setattr__(self, "_colors", colors)
+
+    @classmethod
+    def from_edges(cls, edges, n: int | None = None) -> SparseStructure:
+        """The pattern of a graph's Laplacian plus a diagonal: an ICAR/CAR prior's precision plus
+        an element-wise likelihood's curvature. ``edges`` has shape (E, 2)."""
+        edges = np.asarray(edges)
+        if edges.ndim != 2 or edges.shape[1] != 2 or not np.issubdtype(edges.dtype, np.integer):
+            raise ValueError(
+                f"`edges` must be an integer array of shape (E, 2); got dtype {edges.dtype} with "
+                f"shape {edges.shape}."
+            )
+        n = int(edges.max()) + 1 if n is None else int(n)
+        off = edges[:, 0] != edges[:, 1]
+        high = np.maximum(edges[off, 0], edges[off, 1])
+        low = np.minimum(edges[off, 0], edges[off, 1])
+        key = np.unique(high.astype(np.int64) * n + low)
+        rows = np.concatenate([np.arange(n), key // n])
+        cols = np.concatenate([np.arange(n), key % n])
+        return cls(pattern=SparsePattern(rows, cols, n))
+
+    @property
+    def n_colors(self) -> int:
+        """Hessian-vector products per evaluation of A."""
+        return int(self._colors.max()) + 1
+
+    # --- symbolic ------------------------------------------------------------------------------
+    def jacobian(self, F: TensorVariable, xs) -> TensorVariable:
+        """A's values on the pattern: (Aᵀ s_g)_c = A_rc for r of colour g (one pass per colour)."""
+        xs = list(xs)
+        F = F.ravel()
+        colors = self._colors
+        products = [
+            _concat_flat(
+                pytensor.gradient.grad((F * (colors == g)).sum(), xs, disconnected_inputs="ignore")
+            )
+            for g in range(self.n_colors)
+        ]
+        stacked = pt.stack(products)
+        return stacked[colors[self.pattern.rows], self.pattern.cols]
+
+    def solve(self, A, rhs, *, transposed: bool, symmetric: bool) -> TensorVariable:
+        if not symmetric:
+            raise NotImplementedError(
+                "The sparse structure holds symmetric positive definite A (minimization, the "
+                "Laplace Hessian); for a non-symmetric Jacobian use `structure='dense'`."
+            )
+        return self.pattern.solve(A, rhs)
+
+    def logdet_positive_definite(self, A) -> TensorVariable:
+        return self.pattern.logdet(A)
+
+    def sample_gaussian(self, mean, precision, noise) -> TensorVariable:
+        return self.pattern.sample(precision, mean, noise)
+
+    # --- numerical -----------------------------------------------------------------------------
+    def solve_numpy(self, A: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+        lx, symbolic = self.pattern._factor(A)
+        if lx is None:
+            raise np.linalg.LinAlgError("sparse matrix is not positive definite")
+        return _cholesky.solve(symbolic, lx, np.asarray(rhs, dtype=np.float64))
+
+    def matvec_numpy(self, A: np.ndarray, v: np.ndarray) -> np.ndarray:
+        rows, cols, n = self.pattern.rows, self.pattern.cols, self.pattern.n
+        off = rows != cols
+        out = np.bincount(rows, weights=A * v[cols], minlength=n)
+        return out + np.bincount(cols[off], weights=A[off] * v[rows[off]], minlength=n)
 
 
 # --- Ops --------------------------------------------------------------------------------------
