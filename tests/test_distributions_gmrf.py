@@ -261,3 +261,40 @@ def test_icar_logp_cost_is_linear_no_dense_matrix():
             assert var.ndim <= 1, node
     x = np.zeros(316 * 316)
     assert np.isfinite(f(x, 1.0)[0])
+
+
+def test_icar_corner_constraint_density_draws_and_sparse_laplace():
+    import pymc_optim as pmo
+
+    sigma = 0.8
+    rv = ICAR.dist(
+        edges=EDGES, weights=WEIGHTS, sigma=sigma, constraint="corner", islands="per_component"
+    )
+    free = np.delete(np.arange(N), [0, 12])  # the roots: first node of each component
+    L = laplacian(N, EDGES, WEIGHTS)
+    x = np.zeros(N)
+    x[free] = np.random.default_rng(8).normal(size=free.size)
+    cov = sigma**2 * np.linalg.inv(L[np.ix_(free, free)])
+    expected = stats.multivariate_normal(np.zeros(free.size), cov).logpdf(x[free])
+    np.testing.assert_allclose(pm.logp(rv, x).eval(), expected, rtol=1e-10)
+    draws = pm.draw(rv, draws=5, random_seed=1)
+    np.testing.assert_array_equal(draws[:, [0, 12]], 0.0)
+
+    # The Laplace marginal with the sparse structure in the free coordinates equals the dense.
+    edges = grid_edges(4, 4)
+    with pm.Model() as model:
+        s = pm.HalfNormal("sigma", 1.0)
+        b = pm.Normal("b", 0.0, 2.0)
+        phi = ICAR("phi", edges=edges, sigma=s, constraint="corner")
+        pm.Poisson("y", mu=pt.exp(b + phi), observed=np.tile([0, 3, 5, 9], 4))
+    structure = ICAR.hessian_structure(edges)
+    assert structure.pattern.n == 15
+    sparse_model = pmo.marginalize_laplace(model, "phi", hessian_structure=structure)
+    dense_model = pmo.marginalize_laplace(model, "phi", hessian_structure="dense")
+    point = {"sigma_log__": np.array(-0.3), "b": np.array(1.2)}
+    np.testing.assert_allclose(
+        sparse_model.compile_logp()(point), dense_model.compile_logp()(point), rtol=1e-8
+    )
+    np.testing.assert_allclose(
+        sparse_model.compile_dlogp()(point), dense_model.compile_dlogp()(point), rtol=1e-8
+    )

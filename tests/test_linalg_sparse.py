@@ -391,3 +391,25 @@ def test_sparse_structure_numeric_helpers_and_errors():
     with pytest.raises(ValueError, match=r"`edges` must be an integer array of shape \(E, 2\)"):
         SparseStructure.from_edges(np.zeros((3, 3)))
     assert pickle.loads(pickle.dumps(structure)) == structure
+
+
+def test_default_install_without_numba_imports_and_names_the_extra():
+    """Without numba (the default install) the package imports; a sparse structure names the
+    extra. Run in a fresh interpreter where importing numba fails."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['numba'] = None\n"
+        "import pymc_optim, pymc_optim.linalg.sparse\n"
+        "from pymc_optim.distributions.gmrf import ICAR\n"
+        "try:\n"
+        "    ICAR.dist(edges=[(0, 1), (1, 2)])\n"
+        "except ImportError as error:\n"
+        "    print(error)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert "pip install 'pymc-optim[sparse]'" in result.stdout

@@ -68,13 +68,19 @@ class ICAR:
         Number of nodes for ``edges`` (default: the largest index + 1).
     sigma : tensor_like of float, default 1
         Scale: the precision is L / σ².
-    constraint : {"sum_to_zero", "soft"}, default "sum_to_zero"
+    constraint : {"sum_to_zero", "soft", "corner"}, default "sum_to_zero"
         ``"sum_to_zero"``: the value lives on the constrained subspace, sampled through
         :class:`ComponentZeroSumTransform` (N − c free coordinates); the density above exactly.
         ``"soft"``: the value is unconstrained in ℝᴺ with an extra Gaussian penalty on each
         component's sum s_k, −s_k² / (2 ε² n_k²) (PyMC's ``pm.ICAR`` form, ε = ``epsilon``),
         normalised: the proper Gaussian with precision L/σ² + Σ_k a_k a_kᵀ / (ε² n_k²)
         (a_k = the indicator of component k), whose log det adds −Σ_k log(ε² n_k).
+        ``"corner"``: the value is zero at each component's root (its lowest-numbered node) and
+        free elsewhere (N − c coordinates): the proper N(0, σ² L_{r̂r̂}⁻¹) of the other nodes,
+        log det L_{r̂r̂} = log det* L − Σ_k log n_k. The same model as ``"sum_to_zero"`` up to a
+        shift of each component absorbed by an intercept, and the one whose Hessian stays
+        sparse in the free coordinates (use :meth:`ICAR.hessian_structure` with
+        ``marginalize_laplace``).
     epsilon : float, default 0.001
         Scale of the soft constraint (the standard deviation of a component's mean is ε).
     islands : {"error", "per_component"}, default "error"
@@ -127,7 +133,7 @@ class ICAR:
         weights=None,
         n: int | None = None,
         sigma=1.0,
-        constraint: Literal["sum_to_zero", "soft"] = "sum_to_zero",
+        constraint: Literal["sum_to_zero", "soft", "corner"] = "sum_to_zero",
         epsilon: float = 1e-3,
         islands: Literal["error", "per_component"] = "error",
         **kwargs,
@@ -135,6 +141,8 @@ class ICAR:
         graph = _icar_graph(edges, adjacency, weights, n, constraint, epsilon, islands)
         if constraint == "sum_to_zero":
             kwargs.setdefault("transform", ComponentZeroSumTransform(graph.component, graph.roots))
+        elif constraint == "corner":
+            kwargs.setdefault("transform", _CornerTransform(graph.n, graph.free))
         return pm.CustomDist(name, pm.floatX(sigma), **_icar_custom_dist_kwargs(graph), **kwargs)
 
     @classmethod
@@ -146,7 +154,7 @@ class ICAR:
         weights=None,
         n: int | None = None,
         sigma=1.0,
-        constraint: Literal["sum_to_zero", "soft"] = "sum_to_zero",
+        constraint: Literal["sum_to_zero", "soft", "corner"] = "sum_to_zero",
         epsilon: float = 1e-3,
         islands: Literal["error", "per_component"] = "error",
         **kwargs,
@@ -154,6 +162,17 @@ class ICAR:
         """The unnamed distribution (for ``pm.logp``, ``pm.draw``); same arguments as ``ICAR``."""
         graph = _icar_graph(edges, adjacency, weights, n, constraint, epsilon, islands)
         return pm.CustomDist.dist(pm.floatX(sigma), **_icar_custom_dist_kwargs(graph), **kwargs)
+
+    @staticmethod
+    def hessian_structure(edges=None, *, adjacency=None, n: int | None = None, islands="error"):
+        """The :class:`~pymc_optim.linalg.sparse.SparseStructure` of the Laplace Hessian of a
+        ``constraint="corner"`` ICAR with an element-wise likelihood, in its free coordinates
+        (the grounded Laplacian's pattern plus the diagonal): pass it as ``hessian_structure``
+        of ``marginalize_laplace``."""
+        from pymc_optim.linalg.sparse import SparseStructure
+
+        graph = _icar_graph(edges, adjacency, None, n, "corner", 1e-3, islands)
+        return SparseStructure(pattern=graph.grounded)
 
 
 class GMRF:
@@ -244,6 +263,27 @@ class ComponentZeroSumTransform(Transform):
         return pt.zeros_like(value[..., 0]) - 0.5 * float(np.log(self.sizes).sum())
 
 
+class _CornerTransform(Transform):
+    """ℝ^{N−c} ↔ {x : x = 0 at the roots}: drop / re-insert the roots (an isometry)."""
+
+    name = "component_corner"
+
+    def __init__(self, n: int, free: np.ndarray):
+        self.n = int(n)
+        self.free = np.asarray(free, dtype=np.int64)
+
+    def forward(self, value, *inputs):
+        return pt.as_tensor_variable(value)[..., self.free]
+
+    def backward(self, value, *inputs):
+        value = pt.as_tensor_variable(value)
+        shape = (*tuple(value.shape)[:-1], self.n)
+        return pt.zeros(shape, dtype=value.dtype)[..., self.free].set(value)
+
+    def log_jac_det(self, value, *inputs):
+        return pt.zeros_like(pt.as_tensor_variable(value)[..., 0])
+
+
 # --- graph validation and the constants of the densities -------------------------------------
 
 
@@ -273,10 +313,10 @@ class _Graph:
 
 
 def _icar_graph(edges, adjacency, weights, n, constraint, epsilon, islands) -> _Graph:
-    if constraint not in ("sum_to_zero", "soft"):
+    if constraint not in ("sum_to_zero", "soft", "corner"):
         raise ValueError(
-            f'`constraint` must be "sum_to_zero" or "soft"; got {constraint!r}. An ICAR without '
-            "a constraint is improper (flat along each component's mean)."
+            f'`constraint` must be "sum_to_zero", "soft" or "corner"; got {constraint!r}. An '
+            "ICAR without a constraint is improper (flat along each component's mean)."
         )
     if islands not in ("error", "per_component"):
         raise ValueError(f'`islands` must be "error" or "per_component"; got {islands!r}.')
@@ -423,12 +463,16 @@ def _laplacian_quadratic(graph: _Graph, x):
 def _icar_custom_dist_kwargs(graph: _Graph) -> dict:
     n, c = graph.n, graph.n_components
     soft = graph.constraint == "soft"
+    corner = graph.constraint == "corner"
     eps = graph.epsilon
+    # log det of the constrained precision's non-zero part: L⁺'s on the zero-sum subspace,
+    # the grounded Laplacian's for the corner constraint.
+    log_det = graph.log_pdet - float(np.log(graph.sizes).sum()) if corner else graph.log_pdet
 
     def logp(value, sigma):
         quadratic = _laplacian_quadratic(graph, value) / sigma**2
         # Normalised on the (N − c)-dim constrained subspace: ½ log det*(L/σ²) − (N − c)/2 log 2π.
-        normaliser = 0.5 * graph.log_pdet - (n - c) * pt.log(sigma) - 0.5 * (n - c) * _LOG_2PI
+        normaliser = 0.5 * log_det - (n - c) * pt.log(sigma) - 0.5 * (n - c) * _LOG_2PI
         logp = -0.5 * quadratic + normaliser
         if soft:
             sums = pt.zeros((*tuple(value.shape)[:-1], c), dtype=value.dtype)[
@@ -444,7 +488,8 @@ def _icar_custom_dist_kwargs(graph: _Graph) -> dict:
         z = pm.Normal.dist(0.0, 1.0, shape=(graph.free.size,))
         grounded = SparseFactorSolveOp(graph.grounded, transposed=True)(graph.grounded_values, z)
         x = pt.zeros((n,))[graph.free].set(grounded)
-        x = x - _component_means(x, graph.component, graph.sizes)
+        if not corner:
+            x = x - _component_means(x, graph.component, graph.sizes)
         if soft:
             # The null directions: each component's mean ~ N(0, ε²) (precision 1/(ε² n_k) on
             # the unit vector a_k/√n_k).
