@@ -253,9 +253,7 @@ class ComponentZeroSumTransform(Transform):
         return value[..., self.free] - value[..., self.roots[self.component[self.free]]]
 
     def backward(self, value, *inputs):
-        value = pt.as_tensor_variable(value)
-        shape = (*tuple(value.shape)[:-1], self.component.size)
-        x = pt.zeros(shape, dtype=value.dtype)[..., self.free].set(value)
+        x = _insert_zeros(pt.as_tensor_variable(value), self.free, self.component.size)
         return x - _component_means(x, self.component, self.sizes)
 
     def log_jac_det(self, value, *inputs):
@@ -276,9 +274,7 @@ class _CornerTransform(Transform):
         return pt.as_tensor_variable(value)[..., self.free]
 
     def backward(self, value, *inputs):
-        value = pt.as_tensor_variable(value)
-        shape = (*tuple(value.shape)[:-1], self.n)
-        return pt.zeros(shape, dtype=value.dtype)[..., self.free].set(value)
+        return _insert_zeros(pt.as_tensor_variable(value), self.free, self.n)
 
     def log_jac_det(self, value, *inputs):
         return pt.zeros_like(pt.as_tensor_variable(value)[..., 0])
@@ -441,10 +437,27 @@ def _grounded_laplacian(n, i, j, w, roots):
     return SparsePattern(rows, cols, free.size), values, free
 
 
+def _component_sums(x, component, sizes):
+    """Per-component sums of x over its last axis, by gathers and a cumulative sum only (no
+    set/inc_subtensor: those do not vectorize over the batched Jacobians of the Laplace)."""
+    order = np.argsort(component, kind="stable")
+    ends = np.cumsum(sizes) - 1
+    running = pt.cumsum(x[..., order], axis=-1)[..., ends]
+    previous = pt.concatenate([pt.zeros_like(running[..., :1]), running[..., :-1]], axis=-1)
+    return running - previous
+
+
 def _component_means(x, component, sizes):
     """Per-component mean of x (last axis), broadcast back to every node."""
-    sums = pt.zeros((*tuple(x.shape)[:-1], sizes.size), dtype=x.dtype)[..., component].inc(x)
-    return (sums / sizes)[..., component]
+    return (_component_sums(x, component, sizes) / sizes)[..., component]
+
+
+def _insert_zeros(value, free, n):
+    """x with x[free] = value and zeros elsewhere (last axis), as one gather."""
+    position = np.zeros(n, dtype=np.int64)  # index into [0, value...]
+    position[free] = np.arange(1, free.size + 1)
+    padded = pt.concatenate([pt.zeros_like(value[..., :1]), value], axis=-1)
+    return padded[..., position]
 
 
 def _preview(values, k=5) -> str:
@@ -475,9 +488,7 @@ def _icar_custom_dist_kwargs(graph: _Graph) -> dict:
         normaliser = 0.5 * log_det - (n - c) * pt.log(sigma) - 0.5 * (n - c) * _LOG_2PI
         logp = -0.5 * quadratic + normaliser
         if soft:
-            sums = pt.zeros((*tuple(value.shape)[:-1], c), dtype=value.dtype)[
-                ..., graph.component
-            ].inc(value)
+            sums = _component_sums(value, graph.component, graph.sizes)
             penalty = (sums**2 / (eps**2 * graph.sizes**2)).sum(axis=-1)
             # The c null directions get precision 1/(ε² n_k): log det adds −Σ log(ε² n_k).
             normaliser_soft = -0.5 * float(np.log(eps**2 * graph.sizes).sum()) - 0.5 * c * _LOG_2PI
