@@ -1,1 +1,2 @@
-"""The linear algebra of A = âF/âx: its structures, their detection, solves and log-determinants."""
+"""The linear algebra of A = ∂F/∂x: its structures, their detection, solves, log-determinants
+and draws (dense, diagonal, block-diagonal in :mod:`.structure`; sparse in :mod:`.sparse`)."""

@@ -55,6 +55,8 @@ _GAUSSIAN_PRIORS = {
     "ICARRV",
     "MatrixNormalRV",
     "KroneckerNormalRV",
+    "GMRF",  # pymc_optim.distributions.gmrf (CustomDist class names)
+    "ICAR",
 }
 #: Gaussian when the distributions they are built from are (pm.GaussianRandomWalk is a RandomWalk
 #: of Normal innovations; pm.AR's innovations are Normal, its `init_dist` need not be).

@@ -1,0 +1,1 @@
+"""Distributions for latent fields: scalable GMRF priors."""

@@ -1,0 +1,416 @@
+"""Sparse Cholesky kernels (numba): symbolic analysis once, numeric refactorization per call.
+
+The matrix is symmetric positive definite, given by the entries of its lower triangle. Symbolic
+analysis (once per pattern): a fill-reducing permutation P (minimum degree on the pattern of
+A + Aᵀ, taken from SuperLU's ordering), the elimination tree of C = P A Pᵀ and, from it, the
+pattern of the factor L (C = L Lᵀ) row by row, with the slot of every L entry precomputed. Numeric
+refactorization is then the up-looking algorithm (row k of L is the sparse triangular solve
+L[:k, :k] l = C[:k, k], its pattern the reach of C[:k, k] in the elimination tree): no allocation,
+no search, flops = Σ_j |L[:, j]|².
+
+Selected inverse (Takahashi, Fagan & Chen 1973). With Z = C⁻¹ = L⁻ᵀ L⁻¹, row j of Lᵀ Z = L⁻¹
+reads, for i ≥ j,  L_jj Z_ji + Σ_{k > j} L_kj Z_ki = δ_ij / L_jj,  so, columns from last to first,
+
+    Z_ij = -(1/L_jj) Σ_{k ∈ S_j} L_kj Z_ik      (i ∈ S_j),
+    Z_jj = 1/L_jj² - (1/L_jj) Σ_{k ∈ S_j} L_kj Z_kj,
+
+with S_j the rows of L's column j below the diagonal. Every Z_ik needed (i, k ∈ S_j) lies on L's
+pattern (S_j is a clique of the filled graph), so Z is computed on L's pattern only, never dense.
+Column j reads, for each k ∈ S_j, the part of column k below k; its cost is Σ_j Σ_{k ∈ S_j}
+|L[:, k]|, the same order as the factorization's (benchmarks/bench_sparse.py measures the ratio).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+try:
+    import numba
+except ImportError:  # pragma: no cover - exercised by the missing-extra test via sys.modules
+    numba = None
+
+__all__ = [
+    "Symbolic",
+    "analyse",
+    "factorize",
+    "forward_permuted",
+    "logdet",
+    "sample",
+    "selected_inverse",
+    "solve",
+]
+
+_INSTALL_HINT = (
+    "Sparse structures need the optional extra `sparse` (numba kernels): "
+    "`pip install 'pymc-optim[sparse]'`."
+)
+
+
+def require_backend() -> None:
+    """Raise ImportError naming the `sparse` extra when numba is not installed."""
+    if numba is None:
+        raise ImportError(_INSTALL_HINT)
+
+
+def _jit(function):
+    if numba is None:
+        return function
+    return numba.njit(cache=True, nogil=True)(function)
+
+
+class Symbolic:
+    """Result of the symbolic analysis of one lower-triangular pattern (numpy arrays only)."""
+
+    __slots__ = (
+        "n",
+        "perm",
+        "inverse_perm",
+        "c_indptr",
+        "c_indices",
+        "c_map",
+        "row_indptr",
+        "row_columns",
+        "row_slots",
+        "l_indptr",
+        "l_indices",
+        "l_map",
+        "max_column",
+    )
+
+    @property
+    def factor_nnz(self) -> int:
+        return int(self.l_indptr[-1])
+
+    @property
+    def factor_flops(self) -> float:
+        """Multiply-adds of one numeric factorization, Σ_j |L[:, j]|²."""
+        counts = np.diff(self.l_indptr).astype(np.float64)
+        return float((counts**2).sum())
+
+
+def fill_reducing_order(rows: np.ndarray, cols: np.ndarray, n: int) -> np.ndarray:
+    """Minimum-degree ordering of the pattern of A + Aᵀ (SuperLU's MMD); returns old → new."""
+    import scipy.sparse as sp
+    from scipy.sparse.linalg import splu
+
+    off = rows != cols
+    # A diagonally dominant matrix with the pattern: SuperLU orders it and never pivots off the
+    # diagonal, so its column permutation is the symmetric ordering of the pattern.
+    r = np.concatenate([rows[off], cols[off], np.arange(n)])
+    c = np.concatenate([cols[off], rows[off], np.arange(n)])
+    degree = np.bincount(r, minlength=n).astype(np.float64)
+    v = np.concatenate([-np.ones(2 * off.sum()), degree + 1.0])
+    pattern = sp.csc_matrix((v, (r, c)), shape=(n, n))
+    if n == 1:
+        return np.zeros(1, dtype=np.int64)
+    lu = splu(
+        pattern,
+        permc_spec="MMD_AT_PLUS_A",
+        diag_pivot_thresh=0.0,
+        options={"SymmetricMode": True},
+    )
+    inverse = np.asarray(lu.perm_c, dtype=np.int64)
+    if not np.array_equal(np.sort(inverse), np.arange(n)):  # pragma: no cover - SuperLU contract
+        raise RuntimeError("SuperLU returned an invalid column permutation")
+    return inverse
+
+
+def analyse(rows: np.ndarray, cols: np.ndarray, n: int) -> Symbolic:
+    """Symbolic analysis of the SPD pattern with lower-triangle entries (rows ≥ cols)."""
+    require_backend()
+    rows = np.asarray(rows, dtype=np.int64)
+    cols = np.asarray(cols, dtype=np.int64)
+    inverse = fill_reducing_order(rows, cols, n)
+    perm = np.argsort(inverse)
+    new_r, new_c = inverse[rows], inverse[cols]
+    # C = P A Pᵀ stored as its upper triangle by columns: entry (min, max) in column max.
+    upper_col = np.maximum(new_r, new_c)
+    upper_row = np.minimum(new_r, new_c)
+    keys, c_map = np.unique(upper_col * n + upper_row, return_inverse=True)
+    c_indices = keys % n
+    c_indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(keys // n, minlength=n), out=c_indptr[1:])
+
+    parent = _etree(n, c_indptr, c_indices)
+    counts = _row_counts(n, c_indptr, c_indices, parent)
+    row_indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=row_indptr[1:])
+    row_columns = _row_patterns(n, c_indptr, c_indices, parent, row_indptr)
+    column_counts = np.bincount(row_columns, minlength=n) + 1
+    l_indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(column_counts, out=l_indptr[1:])
+    l_indices, row_slots = _factor_slots(n, row_indptr, row_columns, l_indptr)
+
+    symbolic = Symbolic()
+    symbolic.n = n
+    symbolic.perm = perm
+    symbolic.inverse_perm = inverse
+    symbolic.c_indptr = c_indptr
+    symbolic.c_indices = c_indices
+    symbolic.c_map = c_map.astype(np.int64).ravel()
+    symbolic.row_indptr = row_indptr
+    symbolic.row_columns = row_columns
+    symbolic.row_slots = row_slots
+    symbolic.l_indptr = l_indptr
+    symbolic.l_indices = l_indices
+    # Slot in L of each user entry: (max, min) of its permuted indices; L's keys are sorted.
+    l_keys = np.repeat(np.arange(n, dtype=np.int64), column_counts) * n + l_indices
+    symbolic.l_map = np.searchsorted(l_keys, upper_row * n + upper_col)
+    symbolic.max_column = int(column_counts.max())
+    return symbolic
+
+
+def factorize(symbolic: Symbolic, values: np.ndarray) -> tuple[np.ndarray, int]:
+    """Numeric factor values of L; second output the failing pivot (-1 when SPD)."""
+    s = symbolic
+    cx = np.zeros(len(s.c_indices))
+    np.add.at(cx, s.c_map, values)
+    lx = np.empty(s.factor_nnz)
+    failed = _numeric(
+        s.n, s.c_indptr, s.c_indices, cx, s.row_indptr, s.row_columns, s.row_slots, s.l_indptr,
+        s.l_indices, lx,
+    )  # fmt: skip
+    return lx, int(failed)
+
+
+def logdet(symbolic: Symbolic, lx: np.ndarray) -> float:
+    """log det A = 2 Σ log L_jj."""
+    return float(2.0 * np.log(lx[symbolic.l_indptr[:-1]]).sum())
+
+
+def solve(symbolic: Symbolic, lx: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """A⁻¹ b for b of shape (n,) or (n, k)."""
+    s = symbolic
+    y = np.ascontiguousarray(b[s.perm].reshape(s.n, -1), dtype=np.float64)
+    _forward(s.n, s.l_indptr, s.l_indices, lx, y)
+    _backward(s.n, s.l_indptr, s.l_indices, lx, y)
+    out = np.empty_like(y)
+    out[s.perm] = y
+    return out.reshape(b.shape)
+
+
+def sample(symbolic: Symbolic, lx: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """Pᵀ L⁻ᵀ z: for z ~ N(0, I) (shape (n,) or (n, k)) a draw from N(0, A⁻¹)."""
+    s = symbolic
+    y = np.ascontiguousarray(z.reshape(s.n, -1), dtype=np.float64)
+    _backward(s.n, s.l_indptr, s.l_indices, lx, y)
+    out = np.empty_like(y)
+    out[s.perm] = y
+    return out.reshape(z.shape)
+
+
+def forward_permuted(symbolic: Symbolic, lx: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """L⁻¹ P u, the adjoint of :func:`sample` (u of shape (n,) or (n, k))."""
+    s = symbolic
+    y = np.ascontiguousarray(u[s.perm].reshape(s.n, -1), dtype=np.float64)
+    _forward(s.n, s.l_indptr, s.l_indices, lx, y)
+    return y.reshape(u.shape)
+
+
+def selected_inverse(symbolic: Symbolic, lx: np.ndarray) -> np.ndarray:
+    """(A⁻¹)_ij at every user entry (i, j) of the pattern (Takahashi recurrences on L)."""
+    s = symbolic
+    z = _takahashi(s.n, s.l_indptr, s.l_indices, lx, s.max_column)
+    return z[s.l_map]
+
+
+# --- kernels ---------------------------------------------------------------------------------
+
+
+@_jit
+def _etree(n, c_indptr, c_indices):
+    """Elimination tree of C from its upper triangle by columns (Liu, path compression)."""
+    parent = np.full(n, -1, dtype=np.int64)
+    ancestor = np.full(n, -1, dtype=np.int64)
+    for k in range(n):
+        for p in range(c_indptr[k], c_indptr[k + 1]):
+            i = c_indices[p]
+            while i != -1 and i < k:
+                following = ancestor[i]
+                ancestor[i] = k
+                if following == -1:
+                    parent[i] = k
+                i = following
+    return parent
+
+
+@_jit
+def _row_counts(n, c_indptr, c_indices, parent):
+    """|row k of L| - 1 for each k: the size of the reach of C[:k, k] in the tree."""
+    flag = np.full(n, -1, dtype=np.int64)
+    counts = np.zeros(n, dtype=np.int64)
+    for k in range(n):
+        flag[k] = k
+        for p in range(c_indptr[k], c_indptr[k + 1]):
+            i = c_indices[p]
+            while flag[i] != k:
+                counts[k] += 1
+                flag[i] = k
+                i = parent[i]
+    return counts
+
+
+@_jit
+def _row_patterns(n, c_indptr, c_indices, parent, row_indptr):
+    """Columns of row k of L (below the diagonal) in topological order of the tree."""
+    flag = np.full(n, -1, dtype=np.int64)
+    stack = np.empty(n, dtype=np.int64)
+    out = np.empty(row_indptr[n], dtype=np.int64)
+    for k in range(n):
+        flag[k] = k
+        top = row_indptr[k + 1]
+        for p in range(c_indptr[k], c_indptr[k + 1]):
+            i = c_indices[p]
+            length = 0
+            while flag[i] != k:
+                stack[length] = i
+                length += 1
+                flag[i] = k
+                i = parent[i]
+            while length > 0:
+                top -= 1
+                length -= 1
+                out[top] = stack[length]
+    return out
+
+
+@_jit
+def _factor_slots(n, row_indptr, row_columns, l_indptr):
+    """Row indices of L by columns (diagonal first) and the slot of each (k, column) entry."""
+    l_indices = np.empty(l_indptr[n], dtype=np.int64)
+    slots = np.empty(row_indptr[n], dtype=np.int64)
+    fill = l_indptr[:-1].copy() + 1
+    for j in range(n):
+        l_indices[l_indptr[j]] = j
+    for k in range(n):  # rows in increasing order: each column's rows come out sorted
+        for t in range(row_indptr[k], row_indptr[k + 1]):
+            j = row_columns[t]
+            l_indices[fill[j]] = k
+            slots[t] = fill[j]
+            fill[j] += 1
+    return l_indices, slots
+
+
+@_jit
+def _numeric(
+    n, c_indptr, c_indices, cx, row_indptr, row_columns, row_slots, l_indptr, l_indices, lx
+):
+    """Up-looking Cholesky on the precomputed pattern; returns the failing row or -1."""
+    x = np.zeros(n)
+    for k in range(n):
+        d = 0.0
+        for p in range(c_indptr[k], c_indptr[k + 1]):
+            i = c_indices[p]
+            if i == k:
+                d += cx[p]
+            else:
+                x[i] += cx[p]
+        for t in range(row_indptr[k], row_indptr[k + 1]):
+            i = row_columns[t]
+            lki = x[i] / lx[l_indptr[i]]
+            x[i] = 0.0
+            for p in range(l_indptr[i] + 1, row_slots[t]):
+                x[l_indices[p]] -= lx[p] * lki
+            d -= lki * lki
+            lx[row_slots[t]] = lki
+        if not d > 0.0:  # also catches NaN
+            return k
+        lx[l_indptr[k]] = np.sqrt(d)
+    return -1
+
+
+@_jit
+def _forward(n, l_indptr, l_indices, lx, y):
+    """y ← L⁻¹ y in place (y of shape (n, m))."""
+    m = y.shape[1]
+    for j in range(n):
+        diag = lx[l_indptr[j]]
+        for c in range(m):
+            y[j, c] /= diag
+        for p in range(l_indptr[j] + 1, l_indptr[j + 1]):
+            i = l_indices[p]
+            for c in range(m):
+                y[i, c] -= lx[p] * y[j, c]
+
+
+@_jit
+def _backward(n, l_indptr, l_indices, lx, y):
+    """y ← L⁻ᵀ y in place (y of shape (n, m))."""
+    m = y.shape[1]
+    for j in range(n - 1, -1, -1):
+        for p in range(l_indptr[j] + 1, l_indptr[j + 1]):
+            i = l_indices[p]
+            for c in range(m):
+                y[j, c] -= lx[p] * y[i, c]
+        diag = lx[l_indptr[j]]
+        for c in range(m):
+            y[j, c] /= diag
+
+
+@_jit
+def _takahashi(n, l_indptr, l_indices, lx, max_column):
+    """Z = (L Lᵀ)⁻¹ on L's pattern, columns from last to first (recurrences in the docstring)."""
+    z = np.empty(l_indptr[n])
+    acc = np.empty(max_column)
+    for j in range(n - 1, -1, -1):
+        p0 = l_indptr[j]
+        m = l_indptr[j + 1] - p0 - 1
+        for a in range(m):
+            acc[a] = 0.0
+        # acc = Z[S, S] L[S, j], reading the lower triangle of Z[S, S] column by column.
+        for b in range(m):
+            k = l_indices[p0 + 1 + b]
+            lkj = lx[p0 + 1 + b]
+            acc[b] += z[l_indptr[k]] * lkj
+            q = l_indptr[k] + 1
+            for a in range(b + 1, m):
+                row = l_indices[p0 + 1 + a]
+                while l_indices[q] != row:
+                    q += 1
+                zik = z[q]
+                acc[a] += zik * lkj
+                acc[b] += zik * lx[p0 + 1 + a]
+                q += 1
+        diag = lx[p0]
+        total = 0.0
+        for a in range(m):
+            value = -acc[a] / diag
+            z[p0 + 1 + a] = value
+            total += lx[p0 + 1 + a] * value
+        z[p0] = (1.0 / diag - total) / diag
+    return z
+
+
+def distance2_coloring(symbolic_rows: np.ndarray, symbolic_cols: np.ndarray, n: int) -> np.ndarray:
+    """Greedy colouring of the symmetric pattern's columns, no two sharing a row in one colour.
+
+    Columns of one colour are structurally orthogonal, so one product A s (s the colour's
+    indicator) recovers every entry of those columns (Curtis, Powell & Reid 1974).
+    """
+    off = symbolic_rows != symbolic_cols
+    r = np.concatenate([symbolic_rows[off], symbolic_cols[off]])
+    c = np.concatenate([symbolic_cols[off], symbolic_rows[off]])
+    order = np.argsort(r, kind="stable")
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(r, minlength=n), out=indptr[1:])
+    return _greedy_distance2(n, indptr, c[order].astype(np.int64))
+
+
+@_jit
+def _greedy_distance2(n, indptr, indices):
+    color = np.full(n, -1, dtype=np.int64)
+    forbidden = np.full(n + 1, -1, dtype=np.int64)
+    for j in range(n):
+        for p in range(indptr[j], indptr[j + 1]):
+            k = indices[p]
+            if color[k] >= 0:
+                forbidden[color[k]] = j
+            for q in range(indptr[k], indptr[k + 1]):
+                m = indices[q]
+                if m != j and color[m] >= 0:
+                    forbidden[color[m]] = j
+        g = 0
+        while forbidden[g] == j:
+            g += 1
+        color[j] = g
+    return color

@@ -1,0 +1,572 @@
+"""Sparse symmetric positive definite matrices in PyTensor graphs: log det, solve, and draws.
+
+A :class:`SparsePattern` fixes which entries of an n × n symmetric positive definite matrix H
+may be non-zero (its lower triangle, as ``rows``/``cols``); the values on that pattern are a
+symbolic vector. The pattern is analysed once, when it is created (fill-reducing ordering,
+elimination tree, the pattern of the Cholesky factor L); every evaluation of a graph then only
+refactorizes numerically. The Ops:
+
+- :meth:`SparsePattern.logdet` — log det H, its gradient the selected inverse (H⁻¹ on the
+  pattern, Takahashi recurrences) — never a dense inverse;
+- :meth:`SparsePattern.solve` — H⁻¹ b, differentiable in the values and in b;
+- :meth:`SparsePattern.sample` — mean + Pᵀ L⁻ᵀ z, a draw from N(mean, H⁻¹) for z ~ N(0, I);
+- :meth:`SparsePattern.selected_inverse` — the entries of H⁻¹ on the pattern (e.g. marginal
+  variances diag H⁻¹ of a Gaussian with precision H).
+
+The kernels need the optional extra ``sparse`` (``pip install 'pymc-optim[sparse]'``); creating
+a pattern without it raises an ImportError naming the extra. See ``docs/sparse.md`` for the
+choice of backend and the measured costs. Ops run on PyTensor's C (default) and NUMBA (object
+mode) backends; the JAX backend refuses them when compiling.
+
+Convention
+----------
+``values[e]`` is the entry H[rows[e], cols[e]] = H[cols[e], rows[e]] of the lower triangle;
+duplicated (row, col) pairs are summed. The derivative of a function of H with respect to
+``values[e]`` therefore counts both symmetric positions: d log det H / d values[e] =
+(2 − δ_{rows[e], cols[e]}) (H⁻¹)_{rows[e], cols[e]}. If H is not positive definite (the
+numeric factorization meets a non-positive pivot) every Op returns NaN, which PyMC's samplers
+treat as a rejected point.
+
+Examples
+--------
+>>> import numpy as np, pytensor, pytensor.tensor as pt
+>>> from pymc_optim.linalg.sparse import SparsePattern
+>>> pattern = SparsePattern(rows=[0, 1, 1, 2, 2], cols=[0, 0, 1, 1, 2], n=3)
+>>> values = pt.vector("values")
+>>> f = pytensor.function([values], pattern.logdet(values))
+>>> H = np.array([[2.0, -1, 0], [-1, 2, -1], [0, -1, 2]])
+>>> bool(np.isclose(f([2.0, -1, 2, -1, 2]), np.linalg.slogdet(H)[1]))
+True
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytensor
+import pytensor.gradient
+import pytensor.tensor as pt
+from pytensor.gradient import grad_not_implemented
+from pytensor.graph.basic import Apply
+from pytensor.graph.op import Op
+from pytensor.tensor.variable import TensorVariable
+
+from pymc_optim.linalg import _cholesky
+from pymc_optim.linalg.structure import LinearStructure, _concat_flat
+
+__all__ = [
+    "SelectedInverseOp",
+    "SparseFactorSolveOp",
+    "SparseLogdetOp",
+    "SparsePattern",
+    "SparseSolveOp",
+    "SparseStructure",
+]
+
+
+class SparsePattern:
+    """The sparsity pattern of a symmetric positive definite matrix, analysed once.
+
+    Parameters
+    ----------
+    rows, cols : array_like of int
+        The entries of the lower triangle that may be non-zero (``rows[e] >= cols[e]``), every
+        diagonal entry included. Duplicated pairs are allowed (their values are summed).
+    n : int, optional
+        The matrix size; default ``max(rows) + 1``.
+
+    Raises
+    ------
+    ValueError
+        If an entry lies above the diagonal or outside the matrix, or a diagonal entry is
+        missing (a positive definite matrix has a positive diagonal).
+    ImportError
+        If the optional extra ``sparse`` is not installed.
+
+    Notes
+    -----
+    Equal patterns (same entries in the same order) compare and hash equal, so Ops built on
+    equal patterns merge in a graph. Pickling keeps the entries only; the symbolic analysis is
+    redone on first use after unpickling (once per process).
+    """
+
+    def __init__(self, rows, cols, n: int | None = None):
+        _cholesky.require_backend()
+        rows = _as_index_vector(rows, "rows")
+        cols = _as_index_vector(cols, "cols")
+        if rows.shape != cols.shape:
+            raise ValueError(
+                f"`rows` and `cols` must have the same length; got {rows.size} and {cols.size}."
+            )
+        if n is None:
+            n = int(rows.max()) + 1 if rows.size else 0
+        n = int(n)
+        if n < 1:
+            raise ValueError(f"`n` must be at least 1; got {n}.")
+        if rows.size and (rows.min() < 0 or cols.min() < 0 or rows.max() >= n):
+            raise ValueError(
+                f"`rows` and `cols` must lie in [0, n) = [0, {n}); got rows in "
+                f"[{rows.min()}, {rows.max()}] and cols in [{cols.min()}, {cols.max()}]."
+            )
+        above = np.flatnonzero(rows < cols)
+        if above.size:
+            e = above[0]
+            raise ValueError(
+                "`rows` and `cols` must give the lower triangle (rows >= cols); got "
+                f"{above.size} entries above the diagonal, e.g. ({rows[e]}, {cols[e]}). Keep "
+                "one triangle, e.g. `scipy.sparse.tril(matrix)`, or use "
+                "`SparsePattern.from_scipy`."
+            )
+        has_diagonal = np.zeros(n, dtype=bool)
+        has_diagonal[rows[rows == cols]] = True
+        if not has_diagonal.all():
+            missing = np.flatnonzero(~has_diagonal)
+            raise ValueError(
+                "`rows` and `cols` must include every diagonal entry (i, i): a positive definite "
+                f"matrix has a positive diagonal; {missing.size} of {n} are missing, e.g. "
+                f"({missing[0]}, {missing[0]})."
+            )
+        self.rows = rows
+        self.cols = cols
+        self.n = n
+        self._key = hashlib.sha1(
+            np.asarray([n], dtype=np.int64).tobytes() + rows.tobytes() + cols.tobytes()
+        ).hexdigest()
+        self._symbolic = _cholesky.analyse(rows, cols, n)
+        self._last: tuple[np.ndarray, np.ndarray, int] | None = None
+
+    @classmethod
+    def from_scipy(cls, matrix) -> tuple[SparsePattern, np.ndarray]:
+        """The pattern of a symmetric scipy sparse matrix's lower triangle, and its values.
+
+        Returns
+        -------
+        pattern : SparsePattern
+        values : numpy.ndarray
+            The matrix's values on ``pattern``'s entries (a constant; build symbolic values on
+            ``pattern.rows``/``pattern.cols`` to make them depend on parameters).
+
+        Raises
+        ------
+        ValueError
+            If the matrix is not square or not symmetric.
+        """
+        import scipy.sparse as sp
+
+        if not sp.issparse(matrix):
+            raise TypeError(
+                f"`matrix` must be a scipy.sparse matrix or array; got {type(matrix).__name__}. "
+                "Wrap a dense array with `scipy.sparse.csr_array(...)`."
+            )
+        if matrix.shape[0] != matrix.shape[1]:
+            raise ValueError(f"`matrix` must be square; got shape {matrix.shape}.")
+        matrix = sp.csr_array(matrix, dtype=np.float64)
+        asymmetry = abs(matrix - matrix.T).max() if matrix.nnz else 0.0
+        scale = abs(matrix).max() if matrix.nnz else 0.0
+        # Exact symmetry up to the rounding of building it (a few ulps of the largest entry).
+        if asymmetry > 8 * np.finfo(np.float64).eps * scale:
+            raise ValueError(
+                "`matrix` must be symmetric; max |M - Mᵀ| is "
+                f"{asymmetry:.3g} (largest |M_ij| {scale:.3g}). Symmetrize it, e.g. "
+                "`(M + M.T) / 2`, or pass the lower triangle's entries to `SparsePattern`."
+            )
+        lower = sp.tril(matrix, format="coo")
+        lower.sum_duplicates()
+        order = np.lexsort((lower.row, lower.col))
+        rows, cols, values = lower.row[order], lower.col[order], lower.data[order]
+        # Keep structurally present diagonal entries even where they are zero-valued.
+        missing = np.setdiff1d(np.arange(matrix.shape[0]), rows[rows == cols])
+        if missing.size:
+            rows = np.concatenate([rows, missing])
+            cols = np.concatenate([cols, missing])
+            values = np.concatenate([values, np.zeros(missing.size)])
+        return cls(rows, cols, matrix.shape[0]), np.asarray(values, dtype=np.float64)
+
+    # --- the graph-building API ---------------------------------------------------------------
+    @property
+    def nnz(self) -> int:
+        """Number of entries (the length of ``values``)."""
+        return int(self.rows.size)
+
+    @property
+    def factor_nnz(self) -> int:
+        """Number of non-zeros of the Cholesky factor L (fill included)."""
+        return self._analysis().factor_nnz
+
+    def logdet(self, values) -> TensorVariable:
+        """log det H; NaN if H is not positive definite."""
+        return SparseLogdetOp(self)(values)
+
+    def solve(self, values, b) -> TensorVariable:
+        """H⁻¹ b for b of shape (n,) or (n, k)."""
+        return SparseSolveOp(self)(values, b)
+
+    def selected_inverse(self, values) -> TensorVariable:
+        """(H⁻¹)[rows[e], cols[e]] for every entry e (not differentiable)."""
+        return SelectedInverseOp(self)(values)
+
+    def sample(self, values, mean, z) -> TensorVariable:
+        """mean + Pᵀ L⁻ᵀ z: a draw from N(mean, H⁻¹) when z ~ N(0, I) has shape (n,) or (n, k).
+
+        Differentiable in ``mean`` and ``z`` (reparametrization), not in ``values``.
+        """
+        z = pt.as_tensor_variable(z)
+        draw = SparseFactorSolveOp(self, transposed=True)(values, z)
+        mean = pt.as_tensor_variable(mean)
+        if z.ndim == 2 and mean.ndim == 1:
+            mean = mean[:, None]
+        return mean + draw
+
+    def to_dense(self, values) -> TensorVariable:
+        """The (n, n) matrix H as a dense tensor (for small n: tests and the dense oracle)."""
+        values = pt.as_tensor_variable(values)
+        lower = pt.zeros((self.n, self.n), dtype=values.dtype)[self.rows, self.cols].inc(values)
+        strict = pt.as_tensor_variable(self.rows != self.cols)
+        upper = pt.zeros((self.n, self.n), dtype=values.dtype)[self.cols, self.rows].inc(
+            pt.switch(strict, values, 0)
+        )
+        return lower + upper
+
+    # --- numeric ------------------------------------------------------------------------------
+    def _analysis(self) -> _cholesky.Symbolic:
+        if self._symbolic is None:
+            self._symbolic = _cholesky.analyse(self.rows, self.cols, self.n)
+        return self._symbolic
+
+    def _factor(self, values: np.ndarray) -> tuple[np.ndarray | None, _cholesky.Symbolic]:
+        """Numeric factor for these values, or None if not positive definite (cached once)."""
+        symbolic = self._analysis()
+        values = np.asarray(values, dtype=np.float64)
+        if values.shape != (self.nnz,):
+            raise ValueError(
+                f"`values` must have one entry per pattern entry, shape ({self.nnz},); got "
+                f"shape {values.shape}."
+            )
+        last = self._last
+        # log det and its gradient (or a solve and its pullback) at the same values factorize
+        # once: the comparison costs O(nnz), the factorization far more.
+        if last is not None and np.array_equal(last[0], values):
+            lx, failed = last[1], last[2]
+        else:
+            lx, failed = _cholesky.factorize(symbolic, values)
+            self._last = (values.copy(), lx, failed)
+        return (None if failed >= 0 else lx), symbolic
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SparsePattern) and other._key == self._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"rows": self.rows, "cols": self.cols, "n": self.n, "_key": self._key}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._symbolic = None
+        self._last = None
+
+    def __repr__(self) -> str:
+        return f"SparsePattern(n={self.n}, nnz={self.nnz})"
+
+
+@dataclass(frozen=True)
+class SparseStructure(LinearStructure):
+    """A sparse symmetric positive definite A = ∂F/∂x (a Hessian) on a fixed :class:`SparsePattern`.
+
+    Pass it as ``structure=`` of ``minimize(..., method="newton")`` or as ``hessian_structure=``
+    of ``marginalize_laplace``. A in compact form is the vector of its values on the pattern,
+    built from G Hessian-vector products (G = the number of colours of a distance-2 colouring of
+    the pattern: 5 for a 4-neighbour grid, whatever n), never an (n, n) matrix; solves, the
+    log-determinant (gradient through the selected inverse) and draws go through the sparse
+    Cholesky factor. An entry of A outside the pattern is silently dropped: give the pattern of
+    the whole Hessian (prior precision plus likelihood curvature).
+
+    Parameters
+    ----------
+    pattern : SparsePattern
+    """
+
+    kind: str = "sparse"
+    block_size: int | None = None
+    pattern: SparsePattern | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.pattern, SparsePattern):
+            raise TypeError(
+                "`pattern` must be a SparsePattern, e.g. `SparseStructure.from_edges(edges, n)`; "
+                f"got {type(self.pattern).__name__}."
+            )
+        colors = _cholesky.distance2_coloring(self.pattern.rows, self.pattern.cols, self.pattern.n)
+        object.__setattr__(self, "_colors", colors)
+
+    @classmethod
+    def from_edges(cls, edges, n: int | None = None) -> SparseStructure:
+        """The pattern of a graph's Laplacian plus a diagonal: an ICAR/CAR prior's precision plus
+        an element-wise likelihood's curvature. ``edges`` has shape (E, 2)."""
+        edges = np.asarray(edges)
+        if edges.ndim != 2 or edges.shape[1] != 2 or not np.issubdtype(edges.dtype, np.integer):
+            raise ValueError(
+                f"`edges` must be an integer array of shape (E, 2); got dtype {edges.dtype} with "
+                f"shape {edges.shape}."
+            )
+        n = int(edges.max()) + 1 if n is None else int(n)
+        off = edges[:, 0] != edges[:, 1]
+        high = np.maximum(edges[off, 0], edges[off, 1])
+        low = np.minimum(edges[off, 0], edges[off, 1])
+        key = np.unique(high.astype(np.int64) * n + low)
+        rows = np.concatenate([np.arange(n), key // n])
+        cols = np.concatenate([np.arange(n), key % n])
+        return cls(pattern=SparsePattern(rows, cols, n))
+
+    @property
+    def n_colors(self) -> int:
+        """Hessian-vector products per evaluation of A."""
+        return int(self._colors.max()) + 1
+
+    # --- symbolic ------------------------------------------------------------------------------
+    def jacobian(self, F: TensorVariable, xs) -> TensorVariable:
+        """A's values on the pattern: (Aᵀ s_g)_c = A_rc for r of colour g (one pass per colour)."""
+        xs = list(xs)
+        F = F.ravel()
+        colors = self._colors
+        products = [
+            _concat_flat(
+                pytensor.gradient.grad((F * (colors == g)).sum(), xs, disconnected_inputs="ignore")
+            )
+            for g in range(self.n_colors)
+        ]
+        stacked = pt.stack(products)
+        return stacked[colors[self.pattern.rows], self.pattern.cols]
+
+    def solve(self, A, rhs, *, transposed: bool, symmetric: bool) -> TensorVariable:
+        if not symmetric:
+            raise NotImplementedError(
+                "The sparse structure holds symmetric positive definite A (minimization, the "
+                "Laplace Hessian); for a non-symmetric Jacobian use `structure='dense'`."
+            )
+        return self.pattern.solve(A, rhs)
+
+    def logdet_positive_definite(self, A) -> TensorVariable:
+        return self.pattern.logdet(A)
+
+    def sample_gaussian(self, mean, precision, noise) -> TensorVariable:
+        return self.pattern.sample(precision, mean, noise)
+
+    # --- numerical -----------------------------------------------------------------------------
+    def solve_numpy(self, A: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+        lx, symbolic = self.pattern._factor(A)
+        if lx is None:
+            raise np.linalg.LinAlgError("sparse matrix is not positive definite")
+        return _cholesky.solve(symbolic, lx, np.asarray(rhs, dtype=np.float64))
+
+    def matvec_numpy(self, A: np.ndarray, v: np.ndarray) -> np.ndarray:
+        rows, cols, n = self.pattern.rows, self.pattern.cols, self.pattern.n
+        off = rows != cols
+        out = np.bincount(rows, weights=A * v[cols], minlength=n)
+        return out + np.bincount(cols[off], weights=A[off] * v[rows[off]], minlength=n)
+
+
+# --- Ops --------------------------------------------------------------------------------------
+
+
+class _PatternOp(Op):
+    __props__ = ("pattern",)
+
+    def __init__(self, pattern: SparsePattern):
+        if not isinstance(pattern, SparsePattern):
+            raise TypeError(f"`pattern` must be a SparsePattern; got {type(pattern).__name__}.")
+        self.pattern = pattern
+
+    def _values(self, values) -> TensorVariable:
+        values = pt.as_tensor_variable(values)
+        if values.ndim != 1:
+            raise ValueError(
+                f"`values` must be a vector with one entry per pattern entry ({self.pattern.nnz}"
+                f"); got a {values.ndim}-d tensor. Batch over matrices with separate Ops."
+            )
+        if values.type.shape[0] not in (None, self.pattern.nnz):
+            raise ValueError(
+                f"`values` must have length {self.pattern.nnz} (the pattern's entries); got "
+                f"static length {values.type.shape[0]}."
+            )
+        return pt.cast(values, "float64")
+
+    def _rhs(self, b) -> TensorVariable:
+        b = pt.cast(pt.as_tensor_variable(b), "float64")
+        if b.ndim not in (1, 2):
+            raise ValueError(f"`b` must have shape (n,) or (n, k); got a {b.ndim}-d tensor.")
+        if b.type.shape[0] not in (None, self.pattern.n):
+            raise ValueError(
+                f"`b` must have {self.pattern.n} rows (the matrix size); got static shape "
+                f"{b.type.shape}."
+            )
+        return b
+
+    def _weights(self) -> np.ndarray:
+        """2 for strictly-lower entries (they stand for two symmetric positions), 1 diagonal."""
+        return np.where(self.pattern.rows == self.pattern.cols, 1.0, 2.0)
+
+
+class SparseLogdetOp(_PatternOp):
+    """log det H for H given by its values on a :class:`SparsePattern`.
+
+    Notes
+    -----
+    d log det H = tr(H⁻¹ dH); with values[e] on both symmetric positions of an off-diagonal
+    entry, ∂/∂values[e] = (2 − δ) (H⁻¹)_{rows[e], cols[e]}: the selected inverse, computed by
+    :class:`SelectedInverseOp` from the same factor (cached), never a dense inverse.
+    """
+
+    def make_node(self, values):
+        values = self._values(values)
+        return Apply(self, [values], [pt.dscalar()])
+
+    def perform(self, node, inputs, outputs):
+        lx, symbolic = self.pattern._factor(inputs[0])
+        value = np.nan if lx is None else _cholesky.logdet(symbolic, lx)
+        outputs[0][0] = np.asarray(value, dtype=np.float64)
+
+    def infer_shape(self, fgraph, node, shapes):
+        return [()]
+
+    def L_op(self, inputs, outputs, output_grads):
+        (values,) = inputs
+        selected = SelectedInverseOp(self.pattern)(values)
+        return [output_grads[0] * self._weights() * selected]
+
+
+class SelectedInverseOp(_PatternOp):
+    """(H⁻¹)_{rows[e], cols[e]} for each pattern entry e (Takahashi recurrences on L)."""
+
+    def make_node(self, values):
+        values = self._values(values)
+        return Apply(self, [values], [pt.dvector()])
+
+    def perform(self, node, inputs, outputs):
+        lx, symbolic = self.pattern._factor(inputs[0])
+        if lx is None:
+            outputs[0][0] = np.full(self.pattern.nnz, np.nan)
+        else:
+            outputs[0][0] = _cholesky.selected_inverse(symbolic, lx)
+
+    def infer_shape(self, fgraph, node, shapes):
+        return [(self.pattern.nnz,)]
+
+    def L_op(self, inputs, outputs, output_grads):
+        # d(H⁻¹) = −H⁻¹ dH H⁻¹ needs H⁻¹ off the pattern: second derivatives of log det H are
+        # not available through the selected inverse.
+        return [grad_not_implemented(self, 0, inputs[0], "second derivatives of log det H")]
+
+
+class SparseSolveOp(_PatternOp):
+    """x = H⁻¹ b, b of shape (n,) or (n, k).
+
+    Notes
+    -----
+    Pullback of x̄: b̄ = H⁻¹ x̄ (H symmetric), H̄ = −b̄ xᵀ, so ∂/∂values[e] for entry (i, j) is
+    −(b̄_i x_j + b̄_j x_i) off the diagonal and −b̄_i x_i on it (summed over columns of b). Both
+    are graph expressions, so the solve is differentiable to any order in b and the values.
+    """
+
+    def make_node(self, values, b):
+        values = self._values(values)
+        b = self._rhs(b)
+        return Apply(self, [values, b], [b.type()])
+
+    def perform(self, node, inputs, outputs):
+        values, b = inputs
+        lx, symbolic = self.pattern._factor(values)
+        if lx is None:
+            outputs[0][0] = np.full(b.shape, np.nan)
+        else:
+            outputs[0][0] = _cholesky.solve(symbolic, lx, np.asarray(b))
+
+    def infer_shape(self, fgraph, node, shapes):
+        return [shapes[1]]
+
+    def L_op(self, inputs, outputs, output_grads):
+        values, b = inputs
+        (x,) = outputs
+        b_bar = self(values, output_grads[0])
+        rows, cols = self.pattern.rows, self.pattern.cols
+        half = np.where(rows == cols, 0.5, 1.0)
+        product = b_bar[rows] * x[cols] + b_bar[cols] * x[rows]
+        if b.ndim == 2:
+            product = product.sum(axis=1)
+        return [-half * product, b_bar]
+
+
+class SparseFactorSolveOp(_PatternOp):
+    """Pᵀ L⁻ᵀ z (``transposed=True``: a draw from N(0, H⁻¹) for z ~ N(0, I)) or L⁻¹ P z.
+
+    H = Pᵀ L Lᵀ P with P the fill-reducing permutation, so Cov(Pᵀ L⁻ᵀ z) = H⁻¹. The two
+    directions are each other's pullback in z; the derivative in the values (of the Cholesky
+    factor itself) is not implemented.
+    """
+
+    __props__ = ("pattern", "transposed")
+
+    def __init__(self, pattern: SparsePattern, transposed: bool = True):
+        super().__init__(pattern)
+        self.transposed = bool(transposed)
+
+    def make_node(self, values, z):
+        values = self._values(values)
+        z = self._rhs(z)
+        return Apply(self, [values, z], [z.type()])
+
+    def perform(self, node, inputs, outputs):
+        values, z = inputs
+        lx, symbolic = self.pattern._factor(values)
+        z = np.asarray(z)
+        if lx is None:
+            outputs[0][0] = np.full(z.shape, np.nan)
+        elif self.transposed:
+            outputs[0][0] = _cholesky.sample(symbolic, lx, z)
+        else:
+            outputs[0][0] = _cholesky.forward_permuted(symbolic, lx, z)
+
+    def infer_shape(self, fgraph, node, shapes):
+        return [shapes[1]]
+
+    def L_op(self, inputs, outputs, output_grads):
+        values, z = inputs
+        adjoint = SparseFactorSolveOp(self.pattern, transposed=not self.transposed)
+        return [
+            grad_not_implemented(self, 0, values, "the derivative of the Cholesky factor"),
+            adjoint(values, output_grads[0]),
+        ]
+
+
+def _as_index_vector(index, name: str) -> np.ndarray:
+    array = np.asarray(index)
+    if array.ndim != 1 or not (array.size == 0 or np.issubdtype(array.dtype, np.integer)):
+        raise TypeError(
+            f"`{name}` must be a 1-d array of integer indices; got dtype {array.dtype} with "
+            f"shape {array.shape}."
+        )
+    return np.ascontiguousarray(array, dtype=np.int64)
+
+
+def _register_backends() -> None:
+    """Refuse the JAX backend at compile time with a message naming those that work."""
+    try:
+        from pytensor.link.jax.dispatch import jax_funcify
+    except ImportError:  # pragma: no cover - jax not installed
+        return
+
+    def refuse(op, **kwargs):
+        raise NotImplementedError(
+            f"{type(op).__name__} (sparse Cholesky) has no JAX implementation; compile with "
+            "PyTensor's default C backend or mode='NUMBA' (object mode)."
+        )
+
+    for op_class in (SparseLogdetOp, SelectedInverseOp, SparseSolveOp, SparseFactorSolveOp):
+        jax_funcify.register(op_class)(refuse)
+
+
+_register_backends()

@@ -1,0 +1,300 @@
+"""ICAR and GMRF distributions (pymc_optim.distributions.gmrf) against dense references."""
+
+import numpy as np
+import pymc as pm
+import pytensor
+import pytensor.tensor as pt
+import pytest
+import scipy.sparse as sp
+from scipy import stats
+
+from pymc_optim.distributions.gmrf import GMRF, ICAR, ComponentZeroSumTransform
+
+
+def grid_edges(rows, cols, offset=0):
+    """4-neighbour edges of a rows × cols grid, nodes numbered row-major from `offset`."""
+    index = np.arange(rows * cols).reshape(rows, cols) + offset
+    right = np.column_stack([index[:, :-1].ravel(), index[:, 1:].ravel()])
+    down = np.column_stack([index[:-1, :].ravel(), index[1:, :].ravel()])
+    return np.concatenate([right, down])
+
+
+def laplacian(n, edges, weights=None):
+    w = np.ones(len(edges)) if weights is None else np.asarray(weights)
+    L = np.zeros((n, n))
+    for (i, j), wij in zip(edges, w, strict=True):
+        L[i, i] += wij
+        L[j, j] += wij
+        L[i, j] -= wij
+        L[j, i] -= wij
+    return L
+
+
+def components_matrix(n, sizes):
+    """Rows: indicators of consecutive components of the given sizes."""
+    A = np.zeros((len(sizes), n))
+    start = 0
+    for k, size in enumerate(sizes):
+        A[k, start : start + size] = 1.0
+        start += size
+    return A
+
+
+# Two islands: a weighted 3 × 4 grid and a 2 × 2 grid (n = 16, c = 2).
+EDGES = np.concatenate([grid_edges(3, 4), grid_edges(2, 2, offset=12)])
+WEIGHTS = np.linspace(0.5, 2.0, len(EDGES))
+N, SIZES = 16, [12, 4]
+
+
+def constrained_reference_logp(x, sigma):
+    """log N(Uᵀx; 0, σ² Uᵀ L⁺ U), U an orthonormal basis of {A x = 0}: an isometric chart."""
+    L = laplacian(N, EDGES, WEIGHTS)
+    A = components_matrix(N, SIZES)
+    U = np.linalg.svd(A)[2][len(SIZES) :].T  # the null space of A, orthonormal columns
+    cov = sigma**2 * U.T @ np.linalg.pinv(L) @ U
+    return stats.multivariate_normal(np.zeros(N - len(SIZES)), cov).logpdf(U.T @ x)
+
+
+def zero_sum_point(seed):
+    x = np.random.default_rng(seed).normal(size=N)
+    A = components_matrix(N, SIZES)
+    return x - A.T @ (A @ x / np.array(SIZES))
+
+
+@pytest.mark.parametrize("sigma", [0.3, 1.0, 2.5])
+def test_icar_logp_is_the_normalised_density_on_the_subspace(sigma):
+    rv = ICAR.dist(edges=EDGES, weights=WEIGHTS, sigma=sigma, islands="per_component")
+    x = zero_sum_point(1)
+    got = pm.logp(rv, x).eval()
+    # Different routes (pseudo-inverse + SVD vs matrix-tree theorem + sparse Cholesky) of
+    # O(10) condition number: agreement to rounding, 1e-10 relative.
+    np.testing.assert_allclose(got, constrained_reference_logp(x, sigma), rtol=1e-10)
+
+
+def test_icar_soft_constraint_is_a_normalised_proper_gaussian():
+    eps, sigma = 0.05, 0.7
+    rv = ICAR.dist(
+        edges=EDGES, weights=WEIGHTS, sigma=sigma, constraint="soft", epsilon=eps,
+        islands="per_component",
+    )  # fmt: skip
+    A = components_matrix(N, SIZES)
+    sizes = np.array(SIZES, dtype=float)
+    precision = laplacian(N, EDGES, WEIGHTS) / sigma**2 + A.T @ np.diag(1 / (eps * sizes) ** 2) @ A
+    x = np.random.default_rng(2).normal(size=N)  # not zero-sum: the soft penalty is active
+    expected = stats.multivariate_normal(np.zeros(N), np.linalg.inv(precision)).logpdf(x)
+    np.testing.assert_allclose(pm.logp(rv, x).eval(), expected, rtol=1e-10)
+
+
+def test_icar_adjacency_and_edges_agree_and_dims_work():
+    W = sp.coo_array((WEIGHTS, (EDGES[:, 0], EDGES[:, 1])), shape=(N, N))
+    W = (W + W.T).tocsr()
+    coords = {"area": [f"a{i}" for i in range(N)]}
+    with pm.Model(coords=coords) as model:
+        ICAR("phi", adjacency=W, islands="per_component", dims="area")
+        ICAR("psi", edges=EDGES[:, ::-1], weights=WEIGHTS, islands="per_component")
+    x = zero_sum_point(3)
+    logp = model.compile_logp(vars=[model["phi"], model["psi"]], jacobian=False, sum=False)
+    # The roots are nodes 0 and 12 (first of each component); free coordinates x_i − x_root.
+    free = np.delete(np.arange(N), [0, 12])
+    y = (x - x[np.where(np.arange(N) < 12, 0, 12)])[free]
+    point = {"phi_component_zerosum__": y, "psi_component_zerosum__": y}
+    a, b = logp(point)
+    np.testing.assert_allclose(a, b, rtol=1e-13)
+    np.testing.assert_allclose(a, constrained_reference_logp(x, 1.0), rtol=1e-10)
+    assert pm.draw(model["phi"], random_seed=1).shape == (N,)
+    assert model.named_vars_to_dims["phi"] == ("area",)
+
+
+def test_icar_draws_are_exact_constrained_and_have_covariance_sigma2_pinv_L():
+    sigma, draws = 1.5, 4000
+    rv = ICAR.dist(edges=EDGES, weights=WEIGHTS, sigma=sigma, islands="per_component")
+    x = pm.draw(rv, draws=draws, random_seed=7)
+    A = components_matrix(N, SIZES)
+    np.testing.assert_allclose(x @ A.T, 0.0, atol=1e-12)
+    expected = sigma**2 * np.linalg.pinv(laplacian(N, EDGES, WEIGHTS))
+    estimate = x.T @ x / draws  # the mean is known to be 0
+    # Standard error of a covariance estimate from Gaussian draws: √((C_ii C_jj + C_ij²)/N).
+    d = np.diag(expected)
+    se = np.sqrt((np.outer(d, d) + expected**2) / draws)
+    assert np.all(np.abs(estimate - expected) < 5 * se)
+
+
+def test_icar_soft_draws_have_component_mean_scale_epsilon():
+    eps, draws = 0.2, 4000
+    rv = ICAR.dist(edges=EDGES, constraint="soft", epsilon=eps, islands="per_component")
+    x = pm.draw(rv, draws=draws, random_seed=3)
+    means = x @ components_matrix(N, SIZES).T / np.array(SIZES)
+    # The sample standard deviation of 4000 normal draws has relative error 1/√8000 ≈ 1.1 %.
+    np.testing.assert_allclose(means.std(axis=0), eps, rtol=5 / np.sqrt(2 * draws))
+
+
+def test_icar_model_gradient_matches_finite_differences():
+    with pm.Model() as model:
+        sigma = pm.HalfNormal("sigma")
+        phi = ICAR("phi", edges=EDGES, weights=WEIGHTS, sigma=sigma, islands="per_component")
+        pm.Poisson("y", mu=pt.exp(0.5 + phi), observed=np.arange(N) % 4)
+    logp, dlogp = model.compile_logp(), model.compile_dlogp()
+    rng = np.random.default_rng(0)
+    point = {"sigma_log__": np.array(0.2), "phi_component_zerosum__": rng.normal(size=N - 2)}
+    grad = dlogp(point)
+    flat = np.concatenate([np.atleast_1d(point[v.name]) for v in model.value_vars])
+    # Central differences, h = 1e-5: truncation O(h²) ~ 1e-10, rounding ~ 1e-16·|logp|/h ~ 1e-9.
+    h = 1e-5
+    for _ in range(3):
+        direction = rng.normal(size=flat.size)
+
+        def at(vector):
+            return logp({"sigma_log__": vector[0], "phi_component_zerosum__": vector[1:]})
+
+        fd = (at(flat + h * direction) - at(flat - h * direction)) / (2 * h)
+        np.testing.assert_allclose(grad @ direction, fd, rtol=1e-6)
+
+
+def test_icar_transform_round_trips_on_the_subspace():
+    component = np.repeat([0, 1], SIZES)
+    transform = ComponentZeroSumTransform(component, np.array([0, 12]))
+    x = zero_sum_point(5)
+    y = transform.forward(x).eval()
+    np.testing.assert_allclose(transform.backward(y).eval(), x, rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(
+        transform.log_jac_det(y).eval(), -0.5 * np.log(np.array(SIZES)).sum(), rtol=1e-14
+    )
+
+
+@pytest.mark.slow
+def test_icar_through_pm_sample():
+    """NUTS on the constrained coordinates: the draws sum to zero and σ is identified."""
+    edges = grid_edges(4, 4)
+    with pm.Model():
+        sigma = pm.HalfNormal("sigma", 1.0)
+        phi = ICAR("phi", edges=edges, sigma=sigma)
+        pm.Poisson("y", mu=pt.exp(1.0 + phi), observed=np.tile([0, 3, 5, 9], 4))
+        idata = pm.sample(
+            draws=200, tune=200, chains=2, cores=2, random_seed=1, progressbar=False,
+            compute_convergence_checks=False,
+        )  # fmt: skip
+    phi_draws = idata.posterior["phi"].values
+    np.testing.assert_allclose(phi_draws.sum(axis=-1), 0.0, atol=1e-10)
+    assert idata.sample_stats["diverging"].sum() < 20
+
+
+def test_gmrf_logp_and_draws_match_dense():
+    rng = np.random.default_rng(4)
+    n = 30
+    Q = sp.diags([-0.9, 2.0, -0.9], [-1, 0, 1], shape=(n, n)) + sp.diags(rng.uniform(0, 1, n))
+    mu = rng.normal(size=n)
+    rv = GMRF.dist(precision=Q, mu=mu, tau=2.0)
+    x = rng.normal(size=n)
+    cov = np.linalg.inv(2.0 * Q.toarray())
+    expected = stats.multivariate_normal(mu, cov).logpdf(x)
+    np.testing.assert_allclose(pm.logp(rv, x).eval(), expected, rtol=1e-10)
+    draws = pm.draw(rv, draws=4000, random_seed=2)
+    d = np.diag(cov)
+    se = np.sqrt((np.outer(d, d) + cov**2) / 4000)
+    centred = draws - mu
+    assert np.all(np.abs(centred.T @ centred / 4000 - cov) < 5 * se)
+
+
+def test_gmrf_in_a_model_with_free_tau_gradient():
+    Q = sp.diags([-1.0, 2.5, -1.0], [-1, 0, 1], shape=(8, 8))
+    with pm.Model() as model:
+        tau = pm.Gamma("tau", 2.0, 2.0)
+        GMRF("x", precision=Q, tau=tau)
+    logp, dlogp = model.compile_logp(), model.compile_dlogp()
+    point = {"tau_log__": np.array(0.3), "x": np.linspace(-1, 1, 8)}
+    h = 1e-5
+    up = dict(point, tau_log__=point["tau_log__"] + h)
+    down = dict(point, tau_log__=point["tau_log__"] - h)
+    np.testing.assert_allclose(dlogp(point)[0], (logp(up) - logp(down)) / (2 * h), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (
+            {"adjacency": sp.csr_array(np.array([[0, 1, 0], [0, 0, 1], [0, 1, 0]]))},
+            r"`adjacency` must be symmetric.*W\[0, 1\] = 1 but W\[1, 0\] = 0",
+        ),
+        (
+            {"adjacency": np.array([[1, 1], [1, 0]])},
+            r"`adjacency` must have a zero diagonal.*W\[0, 0\] = 1",
+        ),
+        ({"edges": [(0, 1), (1, 2)], "n": 4}, r"1 isolated node\(s\).*e\.g\. node 3"),
+        (
+            {"edges": [(0, 1), (2, 3), (3, 4)]},
+            r"2 connected components \(islands\), of sizes \[3, 2\].*islands=\"per_component\"",
+        ),
+        ({"edges": [(0, 1), (1, 0)]}, r"each undirected edge once; \(0, 1\) appears 2 times"),
+        ({"edges": [(0, 1), (1, 1)]}, r"self-loops; got \(1, 1\) at row 1"),
+        ({"edges": [(0, 1)], "weights": [-1.0]}, r"`weights` must be 1 positive finite"),
+        ({"edges": [(0.0, 1.0)]}, r"`edges` must be an integer array of shape \(E, 2\)"),
+        ({"edges": [(0, 5)], "n": 3}, r"`edges` must index nodes 0\.\.2"),
+        ({"edges": [(0, 1)], "constraint": None}, r"`constraint` must be.*improper"),
+        ({}, r"exactly one of `edges`.*or `adjacency`"),
+    ],
+)
+def test_icar_bad_input(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ICAR.dist(**kwargs)
+
+
+def test_gmrf_bad_input():
+    with pytest.raises(TypeError, match=r"`precision` must be a scipy.sparse matrix; got ndarray"):
+        GMRF.dist(precision=np.eye(3))
+    with pytest.raises(ValueError, match=r"`precision` must be symmetric"):
+        GMRF.dist(precision=sp.csr_array(np.array([[2.0, 1.0], [0.0, 2.0]])))
+    laplacian_2 = sp.csr_array(np.array([[1.0, -1.0], [-1.0, 1.0]]))
+    with pytest.raises(ValueError, match=r"`precision` must be positive definite.*use `ICAR`"):
+        GMRF.dist(precision=laplacian_2)
+
+
+def test_icar_logp_cost_is_linear_no_dense_matrix():
+    """A 316 × 316 grid (N ≈ 10⁵): the log density graph holds no (N, N) tensor."""
+    edges = grid_edges(316, 316)
+    sigma = pt.scalar("sigma")
+    rv = ICAR.dist(edges=edges, sigma=sigma)
+    value = pt.vector("x")
+    logp = pm.logp(rv, value)
+    f = pytensor.function([value, sigma], [logp, pytensor.grad(logp, value)])
+    for node in f.maker.fgraph.apply_nodes:
+        for var in node.outputs:
+            assert var.ndim <= 1, node
+    x = np.zeros(316 * 316)
+    assert np.isfinite(f(x, 1.0)[0])
+
+
+def test_icar_corner_constraint_density_draws_and_sparse_laplace():
+    import pymc_optim as pmo
+
+    sigma = 0.8
+    rv = ICAR.dist(
+        edges=EDGES, weights=WEIGHTS, sigma=sigma, constraint="corner", islands="per_component"
+    )
+    free = np.delete(np.arange(N), [0, 12])  # the roots: first node of each component
+    L = laplacian(N, EDGES, WEIGHTS)
+    x = np.zeros(N)
+    x[free] = np.random.default_rng(8).normal(size=free.size)
+    cov = sigma**2 * np.linalg.inv(L[np.ix_(free, free)])
+    expected = stats.multivariate_normal(np.zeros(free.size), cov).logpdf(x[free])
+    np.testing.assert_allclose(pm.logp(rv, x).eval(), expected, rtol=1e-10)
+    draws = pm.draw(rv, draws=5, random_seed=1)
+    np.testing.assert_array_equal(draws[:, [0, 12]], 0.0)
+
+    # The Laplace marginal with the sparse structure in the free coordinates equals the dense.
+    edges = grid_edges(4, 4)
+    with pm.Model() as model:
+        s = pm.HalfNormal("sigma", 1.0)
+        b = pm.Normal("b", 0.0, 2.0)
+        phi = ICAR("phi", edges=edges, sigma=s, constraint="corner")
+        pm.Poisson("y", mu=pt.exp(b + phi), observed=np.tile([0, 3, 5, 9], 4))
+    structure = ICAR.hessian_structure(edges)
+    assert structure.pattern.n == 15
+    sparse_model = pmo.marginalize_laplace(model, "phi", hessian_structure=structure)
+    dense_model = pmo.marginalize_laplace(model, "phi", hessian_structure="dense")
+    point = {"sigma_log__": np.array(-0.3), "b": np.array(1.2)}
+    np.testing.assert_allclose(
+        sparse_model.compile_logp()(point), dense_model.compile_logp()(point), rtol=1e-8
+    )
+    np.testing.assert_allclose(
+        sparse_model.compile_dlogp()(point), dense_model.compile_dlogp()(point), rtol=1e-8
+    )
