@@ -26,7 +26,7 @@ from pymc_optim.backends.newton import NewtonOp, problem_rows
 from pymc_optim.backends.packing import Packer
 from pymc_optim.graph.solver_op import SolverOp
 from pymc_optim.implicit import implicit_pullback
-from pymc_optim.model.failure import WarnOnFailure
+from pymc_optim.model.failure import FAILED_EVALUATIONS, CountFailures, WarnOnFailure
 
 __all__: list[str] = []
 
@@ -53,6 +53,21 @@ def _warn_on_failure(op, node=None, **kwargs):
     def passthrough(value, success):
         jax.debug.callback(warn, success)
         return value
+
+    return passthrough
+
+
+@jax_funcify.register(CountFailures)
+def _count_failures(op, node=None, **kwargs):
+    """`success` passed through; a failure is counted in this process, as in `perform`."""
+
+    def count(success):
+        if not bool(success):
+            FAILED_EVALUATIONS[op.label] += 1
+
+    def passthrough(success):
+        jax.debug.callback(count, success)
+        return success
 
     return passthrough
 
