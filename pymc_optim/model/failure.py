@@ -204,6 +204,20 @@ def failure_summary(idata, *, threshold: float = 0.01, warn: bool = True):
         whose iteration hit one); ``divergences``; ``unsolved_draws`` (accepted draws whose
         recorded success flag, a ``*_success`` or ``*_solved`` variable of the posterior, is
         False: possible only under ``on_failure="warn"``).
+
+    Examples
+    --------
+    Without :class:`CountingNUTS`' statistic, divergences bound the failures from above:
+
+    >>> import arviz as az, numpy as np
+    >>> import pymc_optim as pmo
+    >>> idata = az.from_dict(
+    ...     posterior={"mu": np.zeros((2, 50))},
+    ...     sample_stats={"diverging": np.zeros((2, 50), dtype=bool)},
+    ... )
+    >>> summary = pmo.failure_summary(idata, warn=False)
+    >>> [int(n) for n in summary["divergences"]]
+    [0, 0]
     """
     import pandas as pd
 

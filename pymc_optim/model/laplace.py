@@ -460,6 +460,18 @@ def laplace_info(marginal_model: pm.Model) -> LaplaceInfo:
     ------
     TypeError
         If `marginal_model` was not made by :func:`marginalize_laplace`.
+
+    Examples
+    --------
+    >>> import numpy as np, pymc as pm
+    >>> import pymc_optim as pmo
+    >>> with pm.Model() as model:
+    ...     mu = pm.Normal("mu", 0.0, 1.0)
+    ...     u = pm.Normal("u", mu, 1.0, shape=3)
+    ...     y = pm.Normal("y", u, 1.0, observed=np.array([0.5, -1.0, 2.0]))
+    >>> info = pmo.laplace_info(pmo.marginalize_laplace(model, "u"))
+    >>> info.names, info.structure.kind
+    (['u'], 'diagonal')
     """
     _check_model(marginal_model, "marginal_model", "laplace_info")
     node = _laplace_node(marginal_model)

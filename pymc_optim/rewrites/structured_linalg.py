@@ -163,13 +163,31 @@ def disable_rewrites() -> None:
 
 
 def enable_rewrites() -> None:
-    """Undo :func:`disable_rewrites` (the state after ``import pymc_optim``)."""
+    """Undo :func:`disable_rewrites` (the state after ``import pymc_optim``).
+
+    Examples
+    --------
+    >>> import pymc_optim as pmo
+    >>> pmo.disable_rewrites()
+    >>> pmo.rewrites_enabled()
+    False
+    >>> pmo.enable_rewrites()
+    >>> pmo.rewrites_enabled()
+    True
+    """
     global _ENABLED
     _ENABLED = True
 
 
 def rewrites_enabled() -> bool:
-    """Whether the structured linear-algebra rewrites are on (see :func:`disable_rewrites`)."""
+    """Whether the structured linear-algebra rewrites are on (see :func:`disable_rewrites`).
+
+    Examples
+    --------
+    >>> import pymc_optim as pmo
+    >>> pmo.rewrites_enabled()  # on after ``import pymc_optim``
+    True
+    """
     return _ENABLED
 
 

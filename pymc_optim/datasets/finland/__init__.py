@@ -82,6 +82,13 @@ def finland_model(data: FinlandData | None = None, *, centered: bool = True):
     model : pm.Model
         Free variables ``rho``, ``alpha`` and ``theta`` (centered) or ``eta`` with the
         Deterministic ``theta`` (non-centered).
+
+    Examples
+    --------
+    >>> from pymc_optim.datasets import finland_model
+    >>> model = finland_model(centered=False)
+    >>> sorted(rv.name for rv in model.free_RVs)
+    ['alpha', 'eta', 'rho']
     """
     import pymc as pm
     import pytensor.tensor as pt
