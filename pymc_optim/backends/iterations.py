@@ -288,7 +288,10 @@ def solve(structure, A, F):
 
 def positive_definite(structure, A, owner, n_problems):
     """Per problem: whether its part of A is positive definite (Cholesky, or A > 0 on a
-    diagonal); NaN entries count as not positive definite."""
+    diagonal); NaN entries count as not positive definite. Structures of other modules
+    (sparse) answer for themselves, one problem at a time (they are never stacked)."""
+    if hasattr(structure, "is_positive_definite_numpy"):
+        return np.full(n_problems, structure.is_positive_definite_numpy(A))
     if structure.kind == "diagonal":
         bad = ~(A > 0)
         element_owner = owner
@@ -313,6 +316,8 @@ def positive_definite(structure, A, owner, n_problems):
 
 def positive_definite_one(structure, A) -> bool:
     """`positive_definite` for one problem."""
+    if hasattr(structure, "is_positive_definite_numpy"):
+        return bool(structure.is_positive_definite_numpy(A))
     if structure.kind == "diagonal":
         return bool((A > 0).all())
     try:

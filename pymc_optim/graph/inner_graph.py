@@ -120,8 +120,9 @@ def as_expression(value, argument: str) -> TensorVariable:
 
 def check_block_size(structure, xs: Sequence[TensorVariable]) -> None:
     """A block-diagonal structure's `block_size` must divide x's total size (checked where
-    that size is known statically; otherwise the solve reports failure at run time)."""
-    if structure.kind != "block_diagonal":
+    that size is known statically; otherwise the solve reports failure at run time). A
+    structure still to be detected (``"auto"``) has no block size to check."""
+    if getattr(structure, "kind", None) != "block_diagonal":
         return
     shapes = [x.type.shape for x in xs]
     if any(None in shape for shape in shapes):

@@ -357,6 +357,10 @@ class SparseStructure(LinearStructure):
         return self.pattern.sample(precision, mean, noise)
 
     # --- numerical -----------------------------------------------------------------------------
+    def is_positive_definite_numpy(self, A: np.ndarray) -> bool:
+        """Whether the numeric Cholesky factorization of A succeeds (the Newton curvature check)."""
+        return self.pattern._factor(A)[0] is not None
+
     def solve_numpy(self, A: np.ndarray, rhs: np.ndarray) -> np.ndarray:
         lx, symbolic = self.pattern._factor(A)
         if lx is None:
