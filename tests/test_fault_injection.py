@@ -61,7 +61,7 @@ def objective(fault, theta, x):
 
 
 def minimize_model(method, fault, on_failure):
-    budget = {"max_iter": {"BFGS": {"maxiter": 3}, "newton": {"max_iter": 3}}[method]}
+    budget = {"max_iter": {"BFGS": {"options": {"maxiter": 3}}, "newton": {"max_iter": 3}}[method]}
     with pm.Model() as model:
         theta = _theta()
         x = pt.vector("x", shape=(2,))
@@ -177,6 +177,9 @@ CASES = [
     (constrained_model, "SLSQP", "nan", True),
     (constrained_model, "newton", "nan", True),
     (laplace_model, "newton", "nan", True),
+    # An inner budget too small at the initial point makes every chain start at -inf under
+    # "reject", which PyMC refuses by design ("Bad initial energy"): the BFGS, Laplace and
+    # Rust max_iter faults run under "warn" only (see _params).
     (laplace_model, "newton", "max_iter", False),
     (rust_model_case, "newton", "max_iter", False),
 ]
@@ -188,11 +191,21 @@ FAST = {
 }
 
 
+#: Faults under which the solve already fails at the sampler's initial point (see CASES).
+_FAILS_AT_THE_START = {
+    ("minimize_model", "BFGS", "max_iter"),
+    ("laplace_model", "newton", "max_iter"),
+    ("rust_model_case", "newton", "max_iter"),
+}
+
+
 def _params():
     out = []
     for build, method, fault, certain in CASES:
         for on_failure in ("reject", "warn"):
             key = (build.__name__, method, fault)
+            if on_failure == "reject" and key in _FAILS_AT_THE_START:
+                continue
             marks = [] if key in FAST and on_failure == "reject" else [pytest.mark.slow]
             out.append(
                 pytest.param(
@@ -228,7 +241,9 @@ def test_sampling_with_injected_faults_completes_and_reports(
 
     failed = int(summary["failed_solves"].iloc[0])
     assert failed >= 0  # the statistic was recorded
-    assert np.isfinite(idata.posterior["theta"]).all()
+    for name in ("theta", "theta11"):
+        if name in idata.posterior:
+            assert np.isfinite(idata.posterior[name]).all()
     if on_failure == "reject":
         assert failed == int(summary["draws_with_failures"].iloc[0])
         assert failed <= int(summary["divergences"].iloc[0])

@@ -344,7 +344,9 @@ def fixed_point_iteration(update, z0, *, tol: float, max_iter: int):
         z_new = update(z)
         if not np.all(np.isfinite(z_new)):
             return z, False, iteration, iteration
-        if np.max(np.abs(z_new - z), initial=0.0) <= tol:
+        with np.errstate(over="ignore"):  # a diverging iteration: inf > tol, then non-finite
+            step = np.max(np.abs(z_new - z), initial=0.0)
+        if step <= tol:
             return z_new, True, iteration, iteration
         z = z_new
     return z, False, max_iter, max_iter

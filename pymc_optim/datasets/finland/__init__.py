@@ -66,7 +66,7 @@ def finland_model(data: FinlandData | None = None, *, centered: bool = True):
     """The disease-map model of the README as a ``pm.Model``.
 
     y_i ~ Poisson(ye_i exp θ_i), θ ~ MvNormal(0, K), K_ij = α² exp(−|x_i − x_j|²/(2ρ²)) + 1e-8
-    δ_ij, ρ ~ InverseGamma(*rho_prior), α ~ InverseGamma(*alpha_prior).
+    δ_ij, ρ ~ InverseGamma(``*rho_prior``), α ~ InverseGamma(``*alpha_prior``).
 
     Parameters
     ----------
