@@ -5,7 +5,6 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping, Sequence
 
-import pytensor.tensor as pt
 from pytensor.gradient import NullTypeGradError, grad
 from pytensor.tensor.variable import TensorVariable
 
@@ -194,7 +193,6 @@ def minimize(
     if auto:
         method = "BFGS"  # unless the gradient cannot be built, see below
     xs, is_list = as_control_variables(x)
-    objective = pt.as_tensor_variable(objective)
     if objective.ndim != 0:
         raise ValueError(
             f"`objective` must be a scalar; got `{objective}` with {objective.ndim} dimensions. "
