@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import cProfile
 import gc
 import io
@@ -148,3 +150,27 @@ def git_revision(package_file: str) -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return rev + ("+dirty" if dirty else "")
+
+
+def blas_threads(limit: int):
+    """A context limiting BLAS to `limit` threads (0: left as is), so that the O(n³) kernels of
+    one contender do not fight the others, or other processes, for the cores. Needs threadpoolctl;
+    without it the threads are left as they are, and the script says so."""
+    if limit <= 0:
+        return contextlib.nullcontext()
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        print("(threadpoolctl not installed: BLAS threads left as is)")
+        return contextlib.nullcontext()
+    return threadpool_limits(limits=limit, user_api="blas")
+
+
+def timing_parser(description: str) -> argparse.ArgumentParser:
+    """An argument parser with the options every timing script takes: --quick, --repeats and
+    --batch (None where not given: each script picks its own defaults)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--quick", action="store_true", help="smoke run: 3 short repeats")
+    parser.add_argument("--repeats", type=int, default=None, help="repeats per case")
+    parser.add_argument("--batch", type=float, default=None, help="seconds per timed batch")
+    return parser

@@ -71,7 +71,6 @@ about 3 s per solve on a 2-CPU machine with one BLAS thread.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -85,6 +84,7 @@ import scipy.optimize
 from _timing import (
     MIN_REPEATS,
     PROFILE_REPORTS,
+    blas_threads,
     fmt_time,
     git_revision,
     paired_difference,
@@ -92,6 +92,7 @@ from _timing import (
     profile,
     time_interleaved,
     timed,
+    timing_parser,
 )
 from scipy.special import expit
 
@@ -374,10 +375,7 @@ def explain(n: int, rows: dict) -> str:
 
 # --- report -------------------------------------------------------------------------------------
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smoke run: 3 short repeats")
-    parser.add_argument("--repeats", type=int, default=None, help="repeats per case")
-    parser.add_argument("--batch", type=float, default=None, help="seconds per timed batch")
+    parser = timing_parser(__doc__.splitlines()[0])
     parser.add_argument(
         "--budget",
         type=float,
@@ -395,15 +393,8 @@ def main(argv=None) -> int:
         "O(n³) BFGS updates of measurement 1 from fighting other processes for the cores.",
     )
     args = parser.parse_args(argv)
-    if args.blas_threads > 0:
-        try:
-            from threadpoolctl import threadpool_limits
-        except ImportError:
-            print("(threadpoolctl not installed: BLAS threads left as is)")
-        else:
-            with threadpool_limits(limits=args.blas_threads, user_api="blas"):
-                return run(args)
-    return run(args)
+    with blas_threads(args.blas_threads):
+        return run(args)
 
 
 def run(args) -> int:

@@ -71,7 +71,6 @@ time(G = 3000) / time(G = 300) ≤ 15 for newton; the same two numbers are judge
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -87,6 +86,7 @@ import scipy
 import scipy.stats
 from _timing import (
     PROFILE_REPORTS,
+    blas_threads,
     fmt_time,
     git_revision,
     paired_difference,
@@ -94,6 +94,7 @@ from _timing import (
     ratio,
     time_interleaved,
     timed,
+    timing_parser,
 )
 from pytensor.graph.replace import graph_replace
 
@@ -358,10 +359,7 @@ def trivial_call_time(mode, values, batch_s: float) -> float:
 
 # --- report -------------------------------------------------------------------------------------
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smoke run: 3 short repeats")
-    parser.add_argument("--repeats", type=int, default=None, help="repeats per case")
-    parser.add_argument("--batch", type=float, default=None, help="seconds per timed batch")
+    parser = timing_parser(__doc__.splitlines()[0])
     parser.add_argument(
         "--slow-repeats",
         type=int,
@@ -375,15 +373,8 @@ def main(argv=None) -> int:
         "--blas-threads", type=int, default=1, help="limit BLAS threads (0 = leave as is)"
     )
     args = parser.parse_args(argv)
-    if args.blas_threads > 0:
-        try:
-            from threadpoolctl import threadpool_limits
-        except ImportError:
-            print("(threadpoolctl not installed: BLAS threads left as is)")
-        else:
-            with threadpool_limits(limits=args.blas_threads, user_api="blas"):
-                return run(args)
-    return run(args)
+    with blas_threads(args.blas_threads):
+        return run(args)
 
 
 def run(args) -> int:

@@ -28,7 +28,6 @@ and of the paired per-repeat ratios.
 from __future__ import annotations
 
 import argparse
-import gc
 import itertools
 import statistics
 import sys
@@ -38,6 +37,7 @@ import warnings
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
+from _timing import paired_ratio, time_interleaved
 from pytensor.compile.mode import get_mode
 
 import pymc_optim as pmo
@@ -50,35 +50,14 @@ BACKENDS = {"C": "FAST_RUN", "NUMBA": "NUMBA"}
 A, B = 2.5, 0.7
 
 
-def per_call(fn, args, seconds: float) -> float:
-    """Mean seconds per call over a batch lasting about `seconds`."""
-    n, start = 0, time.perf_counter()
-    while True:
-        fn(*args)
-        n += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            return elapsed / n
-
-
 def compare(fns: dict, args, repeats: int, batch: float) -> dict:
-    """Interleaved timing; {name: median seconds per call} and paired ratios to the first."""
-    names = list(fns)
-    times = {name: [] for name in names}
-    for name in names:
-        fns[name](*args)  # warm: first call compiles the inner functions
-    gc.disable()
-    try:
-        for r in range(repeats):
-            for name in names if r % 2 == 0 else names[::-1]:
-                times[name].append(per_call(fns[name], args, batch))
-    finally:
-        gc.enable()
-    base = times[names[0]]
-    return {
-        name: (statistics.median(t), statistics.median(b / o for b, o in zip(base, t, strict=True)))
-        for name, t in times.items()
-    }
+    """Interleaved timing (`_timing`); {name: (median seconds per call, paired ratio of the
+    first's time to this one's)}."""
+    times = time_interleaved(
+        {name: (lambda fn=fn: fn(*args)) for name, fn in fns.items()}, repeats, batch
+    )
+    base = times[next(iter(fns))]
+    return {name: (statistics.median(t), paired_ratio(base, t)) for name, t in times.items()}
 
 
 def build(kind: str, shape: tuple):

@@ -41,6 +41,7 @@ import statistics
 import time
 
 import numpy as np
+from _timing import blas_threads, time_interleaved
 from scipy.optimize import minimize
 
 from pymc_optim.datasets import load_rust1987
@@ -113,23 +114,9 @@ def value_iteration_sweeps(rc, theta11, P, beta, tol=INNER_TOL, max_sweeps=1_000
 # --- timing -----------------------------------------------------------------------------------
 
 
-def per_call(fn, seconds: float) -> float:
-    """Median-free single batch: calls of `fn` for about `seconds`, seconds per call."""
-    n_calls, start = 0, time.perf_counter()
-    while True:
-        fn()
-        n_calls += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            return elapsed / n_calls
-
-
 def timed_batches(contenders: dict, repeats: int, seconds: float) -> dict:
-    times = {name: [] for name in contenders}
-    for repeat in range(repeats):
-        order = list(contenders) if repeat % 2 == 0 else list(reversed(contenders))
-        for name in order:
-            times[name].append(per_call(contenders[name], seconds))
+    """Median seconds per call of each contender, batches interleaved (`_timing`)."""
+    times = time_interleaved(contenders, repeats, seconds)
     return {name: statistics.median(t) for name, t in times.items()}
 
 
@@ -146,12 +133,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats, args.batch = 3, 0.2
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        print("(threadpoolctl not installed: BLAS threads left as is)")
-        return run(args)
-    with threadpool_limits(limits=args.blas_threads, user_api="blas"):
+    with blas_threads(args.blas_threads):
         return run(args)
 
 

@@ -43,15 +43,14 @@ compile excluded; ratios are dense / structured.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
-import time
 import warnings
 
 import numpy as np
 import pymc as pm
 import pytensor
 import pytensor.tensor as pt
+from _timing import blas_threads, time_interleaved
 from pytensor.compile.mode import get_default_mode
 
 import pymc_optim as pmo
@@ -73,20 +72,9 @@ def check(what, got, want, tol) -> bool:
 
 
 def timed(fn, repeats, batch):
-    """Fastest seconds per call over `repeats` batches of at least `batch` seconds (the minimum:
+    """Fastest seconds per call over `repeats` batches of about `batch` seconds (the minimum:
     other processes on a shared 2-core machine only ever add time)."""
-    fn()  # warm-up (lazy compilation of inner functions happens here)
-    times = []
-    for _ in range(repeats):
-        calls, start = 0, time.perf_counter()
-        while True:
-            fn()
-            calls += 1
-            elapsed = time.perf_counter() - start
-            if elapsed >= batch:
-                break
-        times.append(elapsed / calls)
-    return float(np.min(times))
+    return min(time_interleaved({"fn": fn}, repeats, batch)["fn"])
 
 
 # --- table 1 ------------------------------------------------------------------------------------
@@ -222,13 +210,7 @@ def main(argv=None):
     grid = (10, 10) if args.quick else (30, 30)
     sizes = (50, 100) if args.quick else (250, 500, 1000)
 
-    try:
-        from threadpoolctl import threadpool_limits
-
-        limits = threadpool_limits(limits=1, user_api="blas")
-    except ImportError:  # pragma: no cover
-        limits = contextlib.nullcontext()
-    with limits:
+    with blas_threads(1):
         ok1, kron_ratio = table_kronecker(*grid, repeats, args.batch)
         ok2, laplace_ratios = table_laplace(sizes, repeats, args.batch)
 

@@ -32,6 +32,7 @@ import numpy as np
 import pymc as pm
 import pytensor
 import pytensor.tensor as pt
+from _timing import time_interleaved
 
 import pymc_optim as pmo
 from pymc_optim.linalg.detect import hessian_structure
@@ -39,21 +40,9 @@ from pymc_optim.problems.minimize import minimize
 
 
 def interleaved(fns, repeats=5, batch=0.2):
-    """Fastest ms per call of each function, batches of the functions interleaved."""
-    for fn in fns:
-        fn()
-    best = [np.inf] * len(fns)
-    for _ in range(repeats):
-        for k, fn in enumerate(fns):
-            n, start = 0, time.perf_counter()
-            while True:
-                fn()
-                n += 1
-                elapsed = time.perf_counter() - start
-                if elapsed >= batch:
-                    break
-            best[k] = min(best[k], elapsed / n * 1e3)
-    return best
+    """Fastest ms per call of each function, batches of the functions interleaved (`_timing`)."""
+    times = time_interleaved(dict(enumerate(fns)), repeats, batch)
+    return [1e3 * min(times[k]) for k in range(len(fns))]
 
 
 def relative_error(got, want) -> float:

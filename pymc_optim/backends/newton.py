@@ -74,6 +74,33 @@ class NewtonOp(SolverOp):
         self.max_iter = max_iter
         self.batch_ndim = batch_ndim
 
+    @classmethod
+    def minimizing(
+        cls, problem: InnerProblem, condition: OptimalityCondition, objective, **options
+    ):
+        """Newton on ∇f = 0 (`condition`), with the objective f as merit and reported value."""
+        return cls(
+            problem,
+            condition=condition,
+            merit=objective,
+            value=objective,
+            minimization=True,
+            **options,
+        )
+
+    @classmethod
+    def solving(cls, problem: InnerProblem, condition: OptimalityCondition, value=None, **options):
+        """Newton on F = 0 (`condition`), with ½‖F‖² as merit; the reported value is ‖F‖₂ unless
+        given."""
+        return cls(
+            problem,
+            condition=condition,
+            merit=0.5 * (condition.flat_residual() ** 2).sum(),
+            value=condition.residual_norm() if value is None else value,
+            minimization=False,
+            **options,
+        )
+
     @property
     def value(self):
         return self._value

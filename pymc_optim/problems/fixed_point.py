@@ -131,16 +131,7 @@ def fixed_point(
         problem.inner_xs, problem.inner_params, residual, symmetric=False, structure=structure
     )
     if method == "newton":
-        F = condition.flat_residual()
-        op = NewtonOp(
-            problem,
-            condition=condition,
-            merit=0.5 * (F**2).sum(),
-            value=condition.residual_norm(),
-            minimization=False,
-            tol=tol,
-            max_iter=max_iter,
-        )
+        op = NewtonOp.solving(problem, condition, tol=tol, max_iter=max_iter)
     else:
         op = FixedPointOp(problem, condition=condition, method=method, tol=tol, max_iter=max_iter)
     return make_solution(op, x0s, [], is_list)

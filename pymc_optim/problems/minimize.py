@@ -257,14 +257,7 @@ def minimize(
             problem.inner_xs, problem.inner_params, gradient, symmetric=True, structure=structure
         )
     if method == "newton":
-        op = NewtonOp(
-            problem,
-            condition=condition,
-            merit=inner_objective,
-            value=inner_objective,
-            minimization=True,
-            **newton_options(options),
-        )
+        op = NewtonOp.minimizing(problem, condition, inner_objective, **newton_options(options))
     else:
         _scipy.check_scipy_options("minimize", method, options)
         op = MinimizeOp(

@@ -122,16 +122,10 @@ def minimize_scalar(
     if method == "newton":
         (inner_objective,) = problem.inner_outputs
         slope = grad(inner_objective, problem.inner_xs[0])
-        op = NewtonOp(
-            problem,
-            condition=OptimalityCondition(
-                problem.inner_xs, problem.inner_params, [slope], symmetric=True
-            ),
-            merit=inner_objective,
-            value=inner_objective,
-            minimization=True,
-            **newton_options(options),
+        condition = OptimalityCondition(
+            problem.inner_xs, problem.inner_params, [slope], symmetric=True
         )
+        op = NewtonOp.minimizing(problem, condition, inner_objective, **newton_options(options))
     else:
         _scipy.check_scipy_options("minimize_scalar", method, options)
         op = MinimizeScalarOp(

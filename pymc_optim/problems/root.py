@@ -29,19 +29,8 @@ from pymc_optim.problems._arguments import (
 
 __all__ = ["ROOT_METHODS", "root"]
 
-ROOT_METHODS = (
-    "hybr",
-    "lm",
-    "broyden1",
-    "broyden2",
-    "anderson",
-    "linearmixing",
-    "diagbroyden",
-    "excitingmixing",
-    "krylov",
-    "df-sane",
-    "newton",
-)
+#: scipy.optimize.root's methods, then the graph-native Newton iteration.
+ROOT_METHODS = (*_scipy.scipy_methods("root"), "newton")
 _USES_JAC = {"hybr", "lm"}
 
 
@@ -153,14 +142,7 @@ def root(
         structure=structure,
     )
     if method == "newton":
-        op = NewtonOp(
-            problem,
-            condition=condition,
-            merit=0.5 * (condition.flat_residual() ** 2).sum(),
-            value=condition.residual_norm(),
-            minimization=False,
-            **newton_options(options),
-        )
+        op = NewtonOp.solving(problem, condition, **newton_options(options))
     else:
         _scipy.check_scipy_options("root", method, options)
         op = RootOp(

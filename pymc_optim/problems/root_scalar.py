@@ -114,14 +114,8 @@ def root_scalar(
         problem.inner_xs, problem.inner_params, problem.inner_outputs, symmetric=True
     )
     if method == "newton":
-        op = NewtonOp(
-            problem,
-            condition=condition,
-            merit=0.5 * problem.inner_outputs[0] ** 2,
-            value=abs(problem.inner_outputs[0]),
-            minimization=False,
-            **newton_options(options),
-        )
+        value = abs(problem.inner_outputs[0])
+        op = NewtonOp.solving(problem, condition, value=value, **newton_options(options))
     else:
         _scipy.check_scipy_options("root_scalar", method, options)
         op = RootScalarOp(

@@ -120,17 +120,8 @@ def _build_scalar_newton(op: SolverOp) -> NewtonOp | None:
     except _GRADIENT_ERRORS:
         return None
     if isinstance(op, MinimizeOp):
-        merit, minimization = op.value, True
-    else:
-        merit, minimization = 0.5 * (condition.flat_residual() ** 2).sum(), False
-    return NewtonOp(
-        op.problem,
-        condition=condition,
-        merit=merit,
-        value=op.value,
-        minimization=minimization,
-        **options,
-    )
+        return NewtonOp.minimizing(op.problem, condition, op.value, **options)
+    return NewtonOp.solving(op.problem, condition, value=op.value, **options)
 
 
 def _newton_options(op: SolverOp) -> dict | None:

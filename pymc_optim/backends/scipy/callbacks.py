@@ -3,7 +3,10 @@
 Every function here takes the compiled inner functions of a solver Op, the initial guesses and the
 parameter values, and returns ``(x_stars, success, n_iterations, n_evaluations)``. A solver that
 raises (a bracket without a sign change, a singular step, NaN in the objective) is reported as
-``success=False`` with NaN solutions, never as an exception inside ``perform``.
+``success=False`` with NaN solutions, never as an exception inside ``perform`` (`_guarded`).
+The functions end alike (failed → NaN, else the result with success and counts) but read a
+different scipy result each (``OptimizeResult`` or ``RootResults``, ``x`` or ``root``): the
+parallel is kept so that each reads as one call of scipy.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ __all__ = [
     "minimize_scalar",
     "root",
     "root_scalar",
+    "scipy_methods",
 ]
 
 #: scipy reports these when a solve cannot proceed; they become ``success=False``. TypeError is
@@ -61,7 +65,6 @@ _IMPLEMENTATIONS = {
     "root": {
         "hybr": ("_minpack_py", "_root_hybr"),
         "lm": ("_root", "_root_leastsq"),
-        "df-sane": ("_spectral", "_root_df_sane"),
         **{
             m: ("_root", "_root_nonlin_solve")
             for m in (
@@ -74,6 +77,7 @@ _IMPLEMENTATIONS = {
                 "krylov",
             )
         },
+        "df-sane": ("_spectral", "_root_df_sane"),
     },
     "minimize_scalar": {
         "brent": ("_optimize", "_minimize_scalar_brent"),
@@ -96,6 +100,30 @@ _NOT_OPTIONS = {
 _COUNTS = {"maxiter", "maxfev", "maxfun", "maxls", "maxcor", "nit", "max_iter"}
 #: root_scalar's `options` are merged into its keyword arguments.
 _ROOT_SCALAR_OPTIONS = ("xtol", "rtol", "maxiter")
+
+
+def scipy_methods(routine: str) -> tuple[str, ...]:
+    """The methods of scipy.optimize's `routine` this backend runs, in scipy's documented order."""
+    return tuple(_IMPLEMENTATIONS[routine])
+
+
+def _guarded(solver: Callable, *args, ignore: type[Warning] | None = None, **kwargs):
+    """``solver(*args, **kwargs)``, or None where it raised one of `_SOLVER_ERRORS` (noted in the
+    trace): the one place where a scipy solver's exception becomes ``success=False``. Warnings of
+    the category `ignore` are silenced: they announce a failure the result reports anyway."""
+    try:
+        with warnings.catch_warnings():
+            if ignore is not None:
+                warnings.simplefilter("ignore", ignore)
+            return solver(*args, **kwargs)
+    except _SOLVER_ERRORS as err:
+        note(f"{type(err).__name__}: {err}")
+        return None
+
+
+def _counts(res) -> tuple[int, int]:
+    """Iterations and evaluations of a scipy OptimizeResult (-1 where the method keeps none)."""
+    return getattr(res, "nit", -1), getattr(res, "nfev", -1)
 
 
 def check_scipy_options(routine: str, method: str, options: Mapping) -> None:
@@ -214,21 +242,20 @@ def minimize(
         extra["hessp"] = lambda z, p: packer.pack(
             hessp(*packer.unpack(z), *packer.unpack(p), *params)
         )
-    try:
-        res = scipy_minimize(
-            fun,
-            packer.pack(x0s),
-            method=method,
-            jac=True if use_jac else None,
-            **extra,
-            **without_trace(options),
-        )
-    except _SOLVER_ERRORS as err:
-        note(f"{type(err).__name__}: {err}")
+    res = _guarded(
+        scipy_minimize,
+        fun,
+        packer.pack(x0s),
+        method=method,
+        jac=True if use_jac else None,
+        **extra,
+        **without_trace(options),
+    )
+    if res is None:
         return packer.failed(), False, -1, -1
     note(res.message)
     success = bool(res.success) and bool(np.all(np.isfinite(res.x)))
-    return packer.unpack(res.x), success, getattr(res, "nit", -1), getattr(res, "nfev", -1)
+    return packer.unpack(res.x), success, *_counts(res)
 
 
 def minimize_constrained(problem, x0: np.ndarray, *, method: str, options: dict):
@@ -261,25 +288,23 @@ def minimize_constrained(problem, x0: np.ndarray, *, method: str, options: dict)
         extra["constraints"] = constraints
     if method == "trust-constr":
         extra["hessp"] = problem.hessp
-    try:
-        with warnings.catch_warnings():
-            # trust-constr warns that equality constraints are solved "approximately", and
-            # about singular Jacobians when started infeasible; both end in the KKT check.
-            warnings.simplefilter("ignore", UserWarning)
-            res = scipy_minimize(
-                problem.value_and_grad,
-                np.asarray(x0, dtype="float64").ravel(),
-                method=method,
-                jac=True,
-                **extra,
-                **without_trace(options),
-            )
-    except _SOLVER_ERRORS as err:
-        note(f"{type(err).__name__}: {err}")
+    # trust-constr warns that equality constraints are solved "approximately", and about
+    # singular Jacobians when started infeasible; both end in the KKT check.
+    res = _guarded(
+        scipy_minimize,
+        problem.value_and_grad,
+        np.asarray(x0, dtype="float64").ravel(),
+        method=method,
+        jac=True,
+        ignore=UserWarning,
+        **extra,
+        **without_trace(options),
+    )
+    if res is None:
         return np.full(np.size(x0), np.nan), False, -1, -1
     note(res.message)
     success = bool(res.success) and bool(np.all(np.isfinite(res.x)))
-    return res.x, success, getattr(res, "nit", -1), getattr(res, "nfev", -1)
+    return res.x, success, *_counts(res)
 
 
 def root(
@@ -300,22 +325,20 @@ def root(
         def fun(z):
             return _square(Packer.pack(equations(*packer.unpack(z), *params)), z)
 
-    try:
-        with warnings.catch_warnings():
-            # quasi-Newton methods warn when a step is rejected; that ends in success=False.
-            warnings.simplefilter("ignore", RuntimeWarning)
-            res = scipy_root(
-                fun,
-                packer.pack(x0s),
-                method=method,
-                jac=True if use_jac else None,
-                **without_trace(options),
-            )
-    except _SOLVER_ERRORS as err:
-        note(f"{type(err).__name__}: {err}")
+    # quasi-Newton methods warn when a step is rejected; that ends in success=False.
+    res = _guarded(
+        scipy_root,
+        fun,
+        packer.pack(x0s),
+        method=method,
+        jac=True if use_jac else None,
+        ignore=RuntimeWarning,
+        **without_trace(options),
+    )
+    if res is None:
         return packer.failed(), False, -1, -1
     success = _root_success(method, res, fun, use_jac)
-    return packer.unpack(res.x), success, getattr(res, "nit", -1), getattr(res, "nfev", -1)
+    return packer.unpack(res.x), success, *_counts(res)
 
 
 def _root_success(method: str, res, fun, use_jac: bool) -> bool:
@@ -373,16 +396,19 @@ def minimize_scalar(
     def fun(z):
         return float(value(np.asarray(z, dtype=dtype), *params)[0])
 
-    try:
-        res = scipy_minimize_scalar(
-            fun, bracket=bracket, bounds=bounds, method=method, **without_trace(options)
-        )
-    except _SOLVER_ERRORS as err:
-        note(f"{type(err).__name__}: {err}")
+    res = _guarded(
+        scipy_minimize_scalar,
+        fun,
+        bracket=bracket,
+        bounds=bounds,
+        method=method,
+        **without_trace(options),
+    )
+    if res is None:
         return [np.asarray(np.nan, dtype=dtype)], False, -1, -1
     note(res.message)
     success = bool(res.success) and bool(np.isfinite(res.x))
-    return [np.asarray(res.x, dtype=dtype)], success, res.get("nit", -1), res.get("nfev", -1)
+    return [np.asarray(res.x, dtype=dtype)], success, *_counts(res)
 
 
 def root_scalar(
@@ -408,20 +434,18 @@ def root_scalar(
     if "fprime2" in fns:
         derivatives["fprime2"] = scalar_fn("fprime2")
     start = {} if bracket is not None else {"x0": float(x0)}
-    try:
-        with warnings.catch_warnings():
-            # newton/secant warn on a zero derivative or tolerance miss; both give converged=False
-            warnings.simplefilter("ignore", RuntimeWarning)
-            res = scipy_root_scalar(
-                scalar_fn("equation"),
-                method=method,
-                bracket=bracket,
-                **start,
-                **derivatives,
-                **without_trace(options),
-            )
-    except _SOLVER_ERRORS as err:
-        note(f"{type(err).__name__}: {err}")
+    # newton/secant warn on a zero derivative or tolerance miss; both give converged=False
+    res = _guarded(
+        scipy_root_scalar,
+        scalar_fn("equation"),
+        method=method,
+        bracket=bracket,
+        ignore=RuntimeWarning,
+        **start,
+        **derivatives,
+        **without_trace(options),
+    )
+    if res is None:
         return [np.asarray(np.nan, dtype=dtype)], False, -1, -1
     note(res.flag)
     success = bool(res.converged) and bool(np.isfinite(res.root))

@@ -4,7 +4,9 @@ Each Op says what scipy needs from the inner graph (`numerical_functions`: value
 Jacobians, Hessian-vector products) and runs the scipy routine in `solve` through the callbacks of
 :mod:`pymc_optim.backends.scipy.callbacks`. Differentiation is the shared implicit rule
 (:class:`~pymc_optim.graph.solver_op.SolverOp`); the public functions of
-:mod:`pymc_optim.problems` choose and build these Ops.
+:mod:`pymc_optim.problems` choose and build these Ops. Their constructors (and those of the
+graph-native NewtonOp and FixedPointOp) are parallel: each stores its own solver's settings, which
+is all they share.
 """
 
 from __future__ import annotations
