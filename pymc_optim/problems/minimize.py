@@ -130,9 +130,10 @@ def minimize(
     x_star : TensorVariable or list of TensorVariable
         The minimizer, shaped like `x`. NaN where the solver raised.
     success : TensorVariable
-        Boolean scalar: scipy reported convergence *and* x* is a minimum: the Hessian there is
-        positive semidefinite up to a relative 1.5e-8 (a saddle or a maximum, where the gradient
-        vanishes too, is a failure). The check costs one Hessian at x* (in the compact form of
+        Boolean scalar: scipy reported convergence *and* x* is a strict minimum: the Hessian
+        there is positive definite, its smallest eigenvalue above 1.5e-8 of its scale (a saddle
+        or a maximum, where the gradient vanishes too, is a failure, and so is a flat direction,
+        where x* has no implicit derivative). The check costs one Hessian at x* (in the compact form of
         `structure`) and one Cholesky factorization; it is skipped when the objective's
         gradient cannot be built.
 

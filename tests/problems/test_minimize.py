@@ -390,3 +390,32 @@ def test_a_stationary_point_that_is_not_a_minimum_is_not_a_success(method):
     x_value, ok = pytensor.function([c], [x_star, success])(1.0)
     assert ok
     assert_allclose(np.abs(x_value), 1.0, rtol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["BFGS", "L-BFGS-B"])
+def test_a_minimum_with_a_flat_direction_is_not_a_success(method):
+    # (x0 − c)² + (x1 − c)² − 2 (x0 − c)(x1 − c) = (x0 − x1)²: every point with x0 = x1 is a
+    # minimum, the Hessian [[2, −2], [−2, 2]] is singular and x* has no implicit derivative
+    # (its gradient would be NaN): a failure the sampler counts, not a success with a NaN
+    # gradient. The same objective with the cross term halved is a strict minimum.
+    x, c = pt.vector("x"), pt.scalar("c")
+    for cross, strict in ((2.0, False), (1.0, True)):
+        d = x - c
+        objective = (d**2).sum() - cross * d[0] * d[1]
+        x_star, success = pmo.minimize(objective, x, x0=np.array([0.3, -0.2]), method=method)
+        x_value, ok = pytensor.function([c], [x_star, success])(0.5)
+        assert bool(ok) is strict
+        if strict:
+            assert_allclose(x_value, 0.5, atol=1e-6)
+        else:
+            assert_allclose(x_value[0], x_value[1], atol=1e-6)
+
+
+def test_a_quartic_minimum_still_succeeds():
+    # x⁴ has a singular Hessian at its minimum 0, but BFGS stops at |x| ~ 1e-2 (gtol 1e-5), where
+    # the curvature 12x² ~ 1e-3 is far above the check's margin: the solve is a success.
+    x, c = pt.vector("x"), pt.scalar("c")
+    x_star, success = pmo.minimize(((x - c) ** 4).sum(), x, x0=np.array([1.0]))
+    x_value, ok = pytensor.function([c], [x_star, success])(0.2)
+    assert ok
+    assert_allclose(x_value, 0.2, atol=0.05)

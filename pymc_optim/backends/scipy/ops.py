@@ -48,10 +48,11 @@ _BOUNDED_XATOL = 1e-5
 #: this many such margins of a bound, with the slope pointing outward, sits on the bound.
 _ACTIVE_BOUND_MARGINS = 10
 _SQRT_EPS = float(np.sqrt(np.finfo("float64").eps))
-#: Curvature check at x*: λ_min(∇²f) ≥ −tol·max(1, max|∇²f|). The Hessian is exact at the
-#: returned point, which is off x* by the solver's tolerance, so a minimum's Hessian is PSD up to
-#: rounding and that offset; √eps of the Hessian's scale leaves room for both, while a saddle or
-#: maximum (λ_min of the size of the Hessian itself) is refused. Singular minima (x⁴) pass.
+#: Curvature check at x*: λ_min(∇²f) > tol·max(1, max|∇²f|). A saddle or a maximum (λ_min < 0)
+#: is not a minimum; a Hessian singular to √eps of its scale (a flat direction) leaves x* without
+#: an implicit derivative (A = ∇²f cannot be solved with), so its gradient would be NaN: both are
+#: failures, as they are for graph-native Newton's Cholesky. A minimum like x⁴'s, which BFGS
+#: leaves at |x| ~ 1e-2 (gtol 1e-5), still has curvature ~1e-3 there and passes.
 _CURVATURE_TOL = 1.5e-8
 
 
@@ -130,8 +131,11 @@ class MinimizeOp(SolverOp):
         )
         if success and "curvature" in fns:
             hessian = fns["curvature"](*x_stars, *params)[0]
-            if not _is_positive_semidefinite(hessian, self.condition.structure.kind):
-                note("refused: the Hessian at x* is not positive semidefinite (not a minimum)")
+            if not _is_positive_definite(hessian, self.condition.structure.kind):
+                note(
+                    "refused: the Hessian at x* is not positive definite (a saddle, a maximum, "
+                    "or a flat direction without an implicit derivative)"
+                )
                 success = False
         return x_stars, success, n_iterations, n_evaluations
 
@@ -281,16 +285,17 @@ class RootScalarOp(SolverOp):
         )
 
 
-def _is_positive_semidefinite(hessian: np.ndarray, kind: str) -> bool:
-    """Whether the symmetric `hessian` (compact form of structure `kind`) is PSD up to
-    _CURVATURE_TOL: a Cholesky factorization of H + τI succeeds (one O(n³), or O(G b³), pass)."""
+def _is_positive_definite(hessian: np.ndarray, kind: str) -> bool:
+    """Whether the symmetric `hessian` (compact form of structure `kind`) is positive definite
+    with margin _CURVATURE_TOL: a Cholesky factorization of H − τI succeeds (one O(n³), or
+    O(G b³), pass)."""
     hessian = np.asarray(hessian, dtype="float64")
     if not np.all(np.isfinite(hessian)):
         return False
     tau = _CURVATURE_TOL * max(1.0, float(np.max(np.abs(hessian), initial=0.0)))
     if kind == "diagonal":
-        return bool(np.all(hessian >= -tau))
-    shifted = 0.5 * (hessian + np.swapaxes(hessian, -1, -2)) + tau * np.eye(hessian.shape[-1])
+        return bool(np.all(hessian > tau))
+    shifted = 0.5 * (hessian + np.swapaxes(hessian, -1, -2)) - tau * np.eye(hessian.shape[-1])
     try:
         np.linalg.cholesky(shifted)
     except np.linalg.LinAlgError:
