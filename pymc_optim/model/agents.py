@@ -21,13 +21,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-import pytensor.tensor as pt
-from pytensor.raise_op import Assert
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_optim.graph.diagnostics import solution_info
-from pymc_optim.model.failure import ON_FAILURE, WarnOnFailure, check_on_failure, count_failures
+from pymc_optim.model.failure import ON_FAILURE, check_on_failure, guard_solution
 from pymc_optim.problems.minimize import minimize
 from pymc_optim.problems.root import root
 
@@ -157,22 +154,18 @@ def _register(name, x_star, success, dims, on_failure, diagnostics):
 
     model = _check_names(name, diagnostics, on_failure)
     info = solution_info(x_star)
-    label = f"the solve for `{name}`"
-    if on_failure == "reject":
-        # counted once per evaluation of the log density (see pmo.failure_summary)
-        ok = count_failures(pt.all(success), label)
-        pm.Potential(f"{name}_failed", pt.switch(ok, 0.0, -np.inf), model=model)
-        # NaN (a solve that raised) must not reach the likelihood: logp would be NaN, not −inf.
-        x_used = pt.switch(success, x_star, pt.zeros_like(x_star))
-    elif on_failure == "raise":
-        x_used = Assert(
-            f"The solve for `{name}` failed (success=False); on_failure='raise'. Use "
-            "on_failure='reject' to let the sampler reject such parameter values instead."
-        )(x_star, success)
-    else:
-        x_used = WarnOnFailure(f"The solve for `{name}` failed (success=False; on_failure='warn')")(
-            x_star, count_failures(pt.all(success), label)
-        )
+    messages = {
+        "reject": f"The solve for `{name}` failed (success=False; on_failure='reject')",
+        "raise": f"The solve for `{name}` failed (success=False); on_failure='raise'. Use "
+        "on_failure='reject' to let the sampler reject such parameter values instead.",
+        "warn": f"The solve for `{name}` failed (success=False; on_failure='warn')",
+    }
+    # counted once per evaluation of the log density (see pmo.failure_summary)
+    x_used, term = guard_solution(
+        x_star, success, on_failure, messages[on_failure], label=f"the solve for `{name}`"
+    )
+    if term is not None:
+        pm.Potential(f"{name}_failed", term, model=model)
     x_det = pm.Deterministic(name, x_used, dims=dims, model=model)
     if diagnostics:
         pm.Deterministic(f"{name}_success", info.success, model=model)

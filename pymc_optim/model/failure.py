@@ -51,6 +51,7 @@ __all__ = [
     "check_on_failure",
     "count_failures",
     "failure_summary",
+    "guard_solution",
 ]
 
 ON_FAILURE = ("reject", "raise", "warn")
@@ -70,17 +71,47 @@ def check_on_failure(on_failure: str) -> str:
 
 
 def apply_failure_policy(
-    term: TensorVariable, success: TensorVariable, on_failure: str, message: str
+    term: TensorVariable,
+    success: TensorVariable,
+    on_failure: str,
+    message: str,
+    *,
+    label: str | None = None,
 ) -> TensorVariable:
     """`term` (a log-density contribution) under the `on_failure` policy; `message` names
-    the solve ("the inner solve of the Laplace marginal did not converge")."""
+    the solve ("the inner solve of the Laplace marginal did not converge"). Failed
+    evaluations are counted under `label` (default: `message`)."""
     check_on_failure(on_failure)
-    success = count_failures(pt.all(success), message)
+    success = count_failures(pt.all(success), message if label is None else label)
     if on_failure == "reject":
         return pt.switch(success, term, -np.inf)
     if on_failure == "raise":
         return Assert(message)(term, success)
     return WarnOnFailure(message)(term, success)
+
+
+def guard_solution(
+    x_star: TensorVariable,
+    success: TensorVariable,
+    on_failure: str,
+    message: str,
+    *,
+    label: str | None = None,
+) -> tuple[TensorVariable, TensorVariable | None]:
+    """A solution `x_star` that a model may use, under the `on_failure` policy, and the
+    log-density term that policy adds (None when it adds none).
+
+    ``"reject"``: the term is 0, or −inf where the solve failed, and the solution is 0 there
+    (a NaN from a failed solve must not reach the likelihood: its log density would be NaN,
+    not −inf). ``"raise"`` and ``"warn"``: the policy acts on the solution itself (an
+    ``AssertionError`` when it is evaluated; a warning and the last iterate). `message` and
+    `label` as for :func:`apply_failure_policy`.
+    """
+    check_on_failure(on_failure)
+    if on_failure == "reject":
+        term = apply_failure_policy(pt.constant(0.0), success, on_failure, message, label=label)
+        return pt.switch(success, x_star, pt.zeros_like(x_star)), term
+    return apply_failure_policy(x_star, success, on_failure, message, label=label), None
 
 
 class WarnOnFailure(Op):

@@ -120,7 +120,9 @@ def marginalize_laplace(
         Deterministics of the latent (:func:`recover_latent` computes those from the latent
         draws); with the potential ``"laplace_marginal"``, whose graph carries what
         :func:`recover_latent` and :func:`laplace_info` need. Other variables, Deterministics
-        and coords carry over. It has no observed variables: predict and compute pointwise log
+        and coords carry over. The observed variables that depend on the latent are gone:
+        ``pm.sample_posterior_predictive`` in it raises a ``NotImplementedError`` showing the
+        recipe (unless `var_names` names variables it has); predict and compute pointwise log
         likelihoods in the original model after :func:`recover_latent` (see its Notes).
 
     Raises
@@ -255,6 +257,7 @@ def marginalize_laplace(
     recovery_outputs = _replace(recovery_outputs, dict(zip(params, placeholders, strict=True)))
     marker = LaplaceMarginal(
         latent_names=[rv.name for rv in latent_rvs],
+        observed_names=[obs.name for obs in dependents],
         output_names=recovery_names,
         dims=[model.named_vars_to_dims.get(name) for name in recovery_names],
         structure=structure,
@@ -321,9 +324,10 @@ def recover_latent(
 
     Notes
     -----
-    The marginal model has no observed variables, so ``pm.sample_posterior_predictive`` in it
-    returns nothing. Predict and compare models in the *original* model, on the recovered
-    draws::
+    The observed variables that depend on the latent are integrated out of the marginal model
+    with it, so ``pm.sample_posterior_predictive`` in the marginal model (where PyMC would
+    silently return no draws of them) raises a ``NotImplementedError`` that shows this recipe.
+    Predict and compare models in the *original* model, on the recovered draws::
 
         idata = pmo.recover_latent(marginal_model, idata)
         with model:  # the model given to marginalize_laplace
@@ -487,6 +491,10 @@ class LaplaceMarginal(Op):
     """The Laplace marginal's value (its first input, passed through), marked in the model's
     graph with what :func:`recover_latent` needs.
 
+    `observed_names` are the observed variables integrated out with the latents (for the
+    error of ``pm.sample_posterior_predictive`` in the marginal model, see
+    :func:`_guard_posterior_predictive`).
+
     Inputs are ``[marginal, mode, hessian, success, *params]``; the inner graph
     ``recovery_inputs = [z, *placeholders] → recovery_outputs`` maps a flat unconstrained latent
     draw z and the model variables `params` to the latent variables and their Deterministics.
@@ -499,9 +507,18 @@ class LaplaceMarginal(Op):
     view_map = {0: [0]}
 
     def __init__(
-        self, *, latent_names, output_names, dims, structure, recovery_inputs, recovery_outputs
+        self,
+        *,
+        latent_names,
+        output_names,
+        dims,
+        structure,
+        recovery_inputs,
+        recovery_outputs,
+        observed_names=(),
     ):
         self.latent_names = tuple(latent_names)
+        self.observed_names = tuple(observed_names)  # integrated out with the latents
         self.output_names = tuple(output_names)
         self.dims = tuple(None if d is None else tuple(d) for d in dims)
         self.structure = structure
@@ -805,3 +822,82 @@ def _logp(rv, value):
 def _split(flat, shapes):
     """Consecutive pieces of the vector `flat`, reshaped to `shapes`."""
     return Packer.from_shapes(shapes, flat.dtype).unpack(flat)
+
+
+def _laplace_marker(model: pm.Model):
+    """The LaplaceMarginal Op of `model`'s potentials, or None."""
+    for var in model.potentials:
+        if var.owner is not None and isinstance(var.owner.op, LaplaceMarginal):
+            return var.owner.op
+    return None
+
+
+def _check_posterior_predictive(model: pm.Model, var_names) -> None:
+    """Refuse ``pm.sample_posterior_predictive`` in a Laplace marginal model where PyMC would
+    silently leave out the observed variables (they were integrated out with the latent)."""
+    op = _laplace_marker(model)
+    if op is None:
+        return
+    removed = [*op.observed_names, *op.output_names]  # observed, latents, their Deterministics
+    if var_names is not None:
+        asked = [var_names] if isinstance(var_names, str) else list(var_names)
+        gone = [name for name in asked if name in removed or name not in model.named_vars]
+        if not gone:
+            return  # variables of the marginal model: PyMC predicts them
+        what = f"`var_names` {gone} are not variables of the marginal model"
+    else:
+        what = (
+            "with `var_names=None` PyMC predicts the model's observed variables, and the "
+            f"observed variables {list(op.observed_names)} were integrated out with the latent "
+            f"{list(op.latent_names)}: it would silently return no draws of them"
+        )
+    raise NotImplementedError(
+        "`pm.sample_posterior_predictive` in a model returned by `pmo.marginalize_laplace`: "
+        f"{what}. Predict in the original model from recovered latent draws:\n\n"
+        "    idata = pmo.recover_latent(marginal_model, idata)\n"
+        "    with model:  # the model given to pmo.marginalize_laplace\n"
+        "        pm.sample_posterior_predictive(idata, extend_inferencedata=True)\n\n"
+        "and compare models the same way: `az.loo(pm.compute_log_likelihood(idata, "
+        "model=model))`. To predict variables of the marginal model only, name them in "
+        "`var_names`."
+    )
+
+
+def _guard_posterior_predictive() -> None:
+    """Make ``pm.sample_posterior_predictive`` raise the recipe in a Laplace marginal model.
+
+    PyMC 5.28's ``sample_posterior_predictive`` picks ``model.observed_RVs`` (and the
+    Deterministics depending on them) when `var_names` is None, and returns an empty result,
+    touching no variable, when there are none. Every model attribute it reads before that is
+    read by ``pm.sample`` too, and a stand-in observed variable in the marginal model would
+    enter ``observed_data``, the log likelihood (``az.loo`` would run on it) and prior
+    predictive draws. So the check is a wrapper of the function, which calls PyMC's unchanged
+    for every other model, installed once where PyMC exposes it (``pm``, ``pymc.sampling``,
+    ``pymc.sampling.forward``).
+    """
+    import functools
+    import inspect
+    import sys
+
+    import pymc.sampling.forward as forward
+
+    original = forward.sample_posterior_predictive
+    if getattr(original, "_pymc_optim_laplace_guard", False):
+        return
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def sample_posterior_predictive(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        model = pm.modelcontext(bound.arguments.get("model"))
+        _check_posterior_predictive(model, bound.arguments.get("var_names"))
+        return original(*args, **kwargs)
+
+    sample_posterior_predictive._pymc_optim_laplace_guard = True
+    for name in ("pymc.sampling.forward", "pymc.sampling", "pymc"):
+        module = sys.modules.get(name)
+        if getattr(module, "sample_posterior_predictive", None) is original:
+            module.sample_posterior_predictive = sample_posterior_predictive
+
+
+_guard_posterior_predictive()
