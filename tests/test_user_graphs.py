@@ -157,16 +157,17 @@ def test_structural_reading_does_not_depend_on_the_size():
     assert hessian_structure((x[::-1] * x).sum(), [x]).kind == "dense"
 
 
-def _correlated_effects_objective(X, mu, sg):
+COV_3 = np.array([[1.0, 0.5, 0.2], [0.5, 1.25, -0.2], [0.2, -0.2, 1.13]])
+
+
+def _correlated_effects_objective(X, mu, sg, prior):
     """Poisson counts with b correlated effects per group: row r of X is group r's effects."""
     counts = np.random.default_rng(3).poisson(2.0, size=(40, 3))
-    return -(
-        pm.logp(pm.Poisson.dist(pt.exp(mu + X)), counts).sum()
-        - 0.5 * ((X @ PRECISION_3) * X).sum() / sg**2
-    )
-
-
-PRECISION_3 = np.linalg.inv(np.array([[1.0, 0.5, 0.2], [0.5, 1.25, -0.2], [0.2, -0.2, 1.13]]))
+    if prior == "pm.logp(MvNormal)":
+        log_prior = pm.logp(pm.MvNormal.dist(mu=np.zeros(3), cov=sg**2 * COV_3), X).sum()
+    else:  # written out
+        log_prior = -0.5 * ((X @ np.linalg.inv(COV_3)) * X).sum() / sg**2
+    return -(pm.logp(pm.Poisson.dist(pt.exp(mu + X)), counts).sum() + log_prior)
 
 
 def _value_and_gradient(x_star, mu, sg):
@@ -174,10 +175,11 @@ def _value_and_gradient(x_star, mu, sg):
     return pytensor.function([mu, sg], [out, *pt.grad(out, [mu, sg])])
 
 
-def test_matrix_shaped_x_with_independent_rows_is_block_diagonal():
+@pytest.mark.parametrize("prior", ["written out", "pm.logp(MvNormal)"])
+def test_matrix_shaped_x_with_independent_rows_is_block_diagonal(prior):
     mu, sg = pt.scalar("mu"), pt.scalar("sg")
     X = pt.matrix("X")  # no static shape: x0 fixes it
-    objective = _correlated_effects_objective(X, mu, sg)
+    objective = _correlated_effects_objective(X, mu, sg, prior)
     x_star, success = pmo.minimize(objective, X, x0=pt.zeros((40, 3)), method="newton")
     fn = _value_and_gradient(x_star, mu, sg)
     [op] = _solver_ops(fn)

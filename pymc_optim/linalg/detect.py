@@ -3,10 +3,11 @@
 Two readings, the first always, the second where values exist to evaluate the graph at:
 
 1. **Structural** (:func:`hessian_structure`, :func:`jacobian_structure`): one pass over the
-   graph's nodes, independent of the size n of x (no compilation, no evaluation, no memory in n;
-   choosing a block size is O(√n) integer arithmetic), so it works for x of unknown static shape, symbolic x0, several controls and under
-   `vectorize_graph` (the structure is decided on the core problem). Each variable v computed
-   from x gets a class (:class:`_Dep`, :class:`_Sum` or full) recording what is known:
+   graph's nodes, independent of the size n of x (no compilation, no evaluation, no memory in
+   n; choosing a block size is O(√n) integer arithmetic), so it works for x of unknown static
+   shape, symbolic x0, several controls and under `vectorize_graph` (the structure is decided
+   on the core problem). Each variable v computed from x gets a class (:class:`_Dep`,
+   :class:`_Sum` or full) recording what is known:
 
    - *local* (with a key): every entry of v depends on at most one element of x, and two
      variables with the same key read the same element at the same entry (an element-wise
@@ -14,7 +15,8 @@ Two readings, the first always, the second where values exist to evaluate the gr
      equal for the same operation on the same key and index variables);
    - *rows*: every entry ``v[r, …]`` depends only on group r of a grouping of a control's
      leading axis (the rows of a matrix-shaped x, a vector reshaped into rows of b, a constant
-     slice of them), kept by element-wise Ops, products ``v @ C``, reductions inside rows;
+     slice of them), kept by element-wise Ops, products ``v @ C``, reductions inside rows and
+     Blockwise Ops batched over the rows (PyMC's MvNormal of a (G, b) value solves row by row);
    - *span*: the whole of v depends only on a constant interval of a control's leading axis
      (constant indices and slices, and then any Op of such values);
    - *sum*: every entry of v is a sum of terms each depending on one element, one group or one
@@ -258,10 +260,31 @@ def _rule(node, inputs):
         if i == 0 and isinstance(c, _Dep) and c.rows and node.inputs[0].ndim == 2:
             return _Dep(rows=c.rows, span=c.span)  # row r of X C is row r of X times C
         return _linear([c])
+    if isinstance(op, Blockwise) and (rows := _batched_rows(node, dependent)) is not None:
+        # entry r of a batch axis is computed from entry r of the inputs only
+        return _Dep(rows=rows, span=_common_span(c for _, c in dependent))
     core = op.core_op if isinstance(op, Blockwise) else op
     if isinstance(core, _LINEAR_SOLVES) and [i for i, _ in dependent] == [1]:
         return _linear([c for _, c in dependent])
     return _FULL
+
+
+def _batched_rows(node, dependent):
+    """The common rows of a Blockwise's x-dependent inputs when their leading axis is a batch
+    axis (not broadcast against the output's), else None: PyMC's MvNormal solves row by row."""
+    out = node.outputs[0]
+    batch_ndim = node.op.batch_ndim(node)
+    rows = set()
+    for i, c in dependent:
+        x = node.inputs[i]
+        core_ndim = len(node.op.inputs_sig[i])
+        aligned = (
+            batch_ndim >= 1
+            and x.ndim - core_ndim == batch_ndim
+            and x.type.broadcastable[0] == out.type.broadcastable[0]
+        )
+        rows.add(c.rows if aligned and isinstance(c, _Dep) else None)
+    return rows.pop() if len(rows) == 1 else None
 
 
 def _is_matmul(op) -> bool:

@@ -6,6 +6,7 @@ is generic it must be the tightest layout (`structure_from_pattern` of the exact
 """
 
 import numpy as np
+import pymc as pm
 import pytensor
 import pytensor.tensor as pt
 import pytest
@@ -83,6 +84,13 @@ BLOCK_CASES = {
         lambda: (pt.logsumexp(X, axis=1)).sum() + (pt.exp(Y) - Y).sum(),
         [X, Y],
         [(4, 3), (6,)],
+        3,
+    ),
+    # PyMC's MvNormal of a (G, b) value: a Blockwise triangular solve batched over the rows
+    "pm.logp of MvNormal rows": (
+        lambda: pm.logp(pm.MvNormal.dist(mu=np.zeros(3), cov=S), X).sum() + pt.exp(X).sum(),
+        [X],
+        [(4, 3)],
         3,
     ),
     # single rows of a matrix taken by constant indices
