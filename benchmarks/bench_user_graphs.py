@@ -62,6 +62,15 @@ def relative_error(got, want) -> float:
     )
 
 
+def _same_values(values, ok: bool) -> bool:
+    """`ok`, and False (with a message) if a structure changed the value or gradient."""
+    for value in values[1:]:
+        if relative_error(value, values[0]) > 1e-8:
+            print("CHECK FAILED: a structure changed the value or gradient")
+            ok = False
+    return ok
+
+
 def table_structure(ok: bool) -> bool:
     G = 300
     rng = np.random.default_rng(1)
@@ -110,11 +119,7 @@ def table_structure(ok: bool) -> bool:
         t0 = time.perf_counter()
         kind = hessian_structure(ob, [xb]).kind
         print(f"G = {big}: {kind}, {(time.perf_counter() - t0) * 1e3:.2f} ms")
-    for value in values[1:]:
-        if relative_error(value, values[0]) > 1e-8:
-            print("CHECK FAILED: a structure changed the value or gradient")
-            ok = False
-    return ok
+    return _same_values(values, ok)
 
 
 def table_block_structure(ok: bool) -> bool:
@@ -151,11 +156,7 @@ def table_block_structure(ok: bool) -> bool:
     print("|---|---|---|---|")
     for (label, _), kind, ms, r in zip(fns, structures, times, ratios, strict=True):
         print(f"| {label} | {kind} | {ms:.3f} | {r:.2f} |")
-    for value in values[1:]:
-        if relative_error(value, values[0]) > 1e-8:
-            print("CHECK FAILED: a structure changed the value or gradient")
-            ok = False
-    return ok
+    return _same_values(values, ok)
 
 
 def _spd(rng, n):
