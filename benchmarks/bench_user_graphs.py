@@ -116,9 +116,12 @@ def table_structure(ok: bool) -> bool:
         xb = pt.vector("xb")
         yb = np.ones(big)
         ob = -((yb * (mu + xb) - pt.exp(mu + xb)).sum() - 0.5 * (xb**2).sum() / sg**2)
-        t0 = time.perf_counter()
-        kind = hessian_structure(ob, [xb]).kind
-        print(f"G = {big}: {kind}, {(time.perf_counter() - t0) * 1e3:.2f} ms")
+        best = np.inf
+        for _ in range(20):  # the fastest of 20 calls: a single call carries the machine's noise
+            t0 = time.perf_counter()
+            kind = hessian_structure(ob, [xb]).kind
+            best = min(best, time.perf_counter() - t0)
+        print(f"G = {big}: {kind}, {best * 1e3:.2f} ms")
     return _same_values(values, ok)
 
 
