@@ -368,6 +368,34 @@ def test_kronecker_mvnormal_in_a_model_is_factored_in_every_compiled_function():
     np.testing.assert_allclose(fn(flat)[1], dlogp(point), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.slow
+def test_pm_sample_runs_on_the_factored_kronecker_density():
+    t, s = np.linspace(0, 1, N_A), np.linspace(0, 1, N_B)
+    with pm.Model() as model:
+        ell = pm.HalfNormal("ell")
+        pm.MvNormal("x", mu=0, cov=pt.linalg.kron(_kernel(t, ell), _kernel(s, 2 * ell)))
+        step = pm.NUTS()  # the step pm.sample would build, and its compiled logp + gradient
+        assert max(_cholesky_sizes(step._logp_dlogp_func._pytensor_function)) <= N_A
+        idata = pm.sample(
+            draws=100, tune=100, chains=2, cores=2, step=step, random_seed=13, progressbar=False
+        )
+    x_draws = idata.posterior["x"].values.reshape(-1, N_A * N_B)
+    ell_draws = idata.posterior["ell"].values.ravel()
+    assert np.all(np.isfinite(x_draws)) and np.all(ell_draws > 0)
+    # the sampled density at a draw is the dense one
+    logp = model.compile_logp(vars=[model["x"]], jacobian=False)
+    k = np.argmax(ell_draws)
+    point = {"ell_log__": np.log(ell_draws[k]), "x": x_draws[k]}
+
+    def kernel(points, ell):
+        d2 = (points[:, None] - points[None, :]) ** 2
+        return np.exp(-0.5 * d2 / ell**2) + 0.1 * np.eye(points.size)
+
+    cov = np.kron(kernel(t, ell_draws[k]), kernel(s, 2 * ell_draws[k]))
+    want = scipy.stats.multivariate_normal(np.zeros(N_A * N_B), cov).logpdf(x_draws[k])
+    assert float(logp(point)) == pytest.approx(want, rel=1e-10)
+
+
 # --- the global rewrites and how to turn them off ------------------------------------------------
 
 
