@@ -3,22 +3,33 @@
 Two readings, the first always, the second where values exist to evaluate the graph at:
 
 1. **Structural** (:func:`hessian_structure`, :func:`jacobian_structure`): one pass over the
-   graph's nodes, independent of the size n of x (no compilation, no evaluation, no memory in n),
-   so it works for x of unknown static shape, symbolic x0, several controls and under
-   `vectorize_graph` (the structure is decided on the core problem). Each variable v computed
-   from x gets a class:
+   graph's nodes, independent of the size n of x (no compilation, no evaluation, no memory in
+   n; choosing a block size is O(√n) integer arithmetic), so it works for x of unknown static
+   shape, symbolic x0, several controls and under `vectorize_graph` (the structure is decided
+   on the core problem). Each variable v computed from x gets a class (:class:`_Dep`,
+   :class:`_Sum` or full) recording what is known:
 
    - *local* (with a key): every entry of v depends on at most one element of x, and two
      variables with the same key read the same element at the same entry (an element-wise
      expression of x keeps x's key; an indexing, reshaping or broadcasting gets a new key,
      equal for the same operation on the same key and index variables);
-   - *additive*: every entry of v is a sum of terms each depending on one element of x (a sum
-     of local entries, a linear map of x, a linear combination of such);
-   - *full*: anything else (a nonlinear function of an additive quantity, a product of two
-     differently indexed copies of x, an Op the analysis does not know).
+   - *rows*: every entry ``v[r, …]`` depends only on group r of a grouping of a control's
+     leading axis (the rows of a matrix-shaped x, a vector reshaped into rows of b, a constant
+     slice of them), kept by element-wise Ops, products ``v @ C``, reductions inside rows and
+     Blockwise Ops batched over the rows (PyMC's MvNormal of a (G, b) value solves row by row);
+   - *span*: the whole of v depends only on a constant interval of a control's leading axis
+     (constant indices and slices, and then any Op of such values);
+   - *sum*: every entry of v is a sum of terms each depending on one element, one group or one
+     span (a sum of local or row-wise entries, a linear map, a linear combination of such);
+   - *full*: anything else (a nonlinear function of a sum, a product of two differently indexed
+     copies of x, an Op the analysis does not know applied to values without a common span).
 
-   A scalar objective that is local or additive has a diagonal Hessian; equations F whose
-   pieces are local with their own control's key (F_i reads x_i only) have a diagonal Jacobian.
+   A scalar objective that is local or a sum of element-local terms has a diagonal Hessian; a
+   sum of terms on groups and spans has a block-diagonal one, with the smallest block size of
+   the packed x (dividing its size) whose aligned blocks hold every group and span — which needs
+   the controls' sizes (static shapes, or x0's). Equations F whose pieces are local with their
+   own control's key (F_i reads x_i only) have a diagonal Jacobian, and pieces shaped like a
+   matrix-shaped control whose row r reads row r of the control a block-diagonal one.
    Values that are not floating point (comparisons, indices, PyMC's parameter checks) have no
    derivative and count as independent of x. The reading is conservative: "dense" means "not
    proved otherwise", never "known to be dense".
@@ -28,9 +39,9 @@ Two readings, the first always, the second where values exist to evaluate the gr
    ``PROBE_CHUNK`` directions. Structural zeros of the graph are exact zeros in floating point,
    while an entry vanishing at two random points would be a coincidence. It needs values for
    every input (the Laplace marginal has the model's initial point) and an (n, n) boolean array,
-   so it runs only up to ``NUMERIC_MAX_SIZE`` elements; it finds block-diagonal layouts and
-   diagonal ones the structural reading cannot prove (e.g. a Gaussian prior whose precision
-   happens to be diagonal).
+   so it runs only up to ``NUMERIC_MAX_SIZE`` elements; it finds the layouts the structural
+   reading cannot prove (e.g. a Gaussian prior whose precision happens to be diagonal or
+   block-diagonal, given as a dense matrix).
 
 Explicit structures are verified once at build time (:func:`verify_structure`): when the
 structural reading proves the Jacobian fits the given structure, nothing more is done; otherwise,
@@ -48,7 +59,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from pytensor.graph.basic import Variable
+from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.traversal import io_toposort
 from pytensor.raise_op import CheckAndRaise
 from pytensor.scalar import basic as ps
@@ -56,6 +67,7 @@ from pytensor.tensor import basic as ptb
 from pytensor.tensor import subtensor as pts
 from pytensor.tensor.blockwise import Blockwise
 from pytensor.tensor.elemwise import CAReduce, DimShuffle, Elemwise
+from pytensor.tensor.exceptions import NotScalarConstantError
 from pytensor.tensor.math import Dot, Sum
 from pytensor.tensor.shape import Reshape, SpecifyShape
 from pytensor.tensor.slinalg import CholeskySolve, Solve, SolveTriangular
@@ -93,13 +105,32 @@ _SHOWN_ENTRIES = 6
 
 
 @dataclass(frozen=True)
-class _Local:
-    """Every entry depends on at most one element of x; equal keys read equal elements."""
+class _Dep:
+    """A variable computed from x, with what is known of how its entries depend on x.
 
-    key: object
+    - `key`: every entry depends on at most one element of x, and equal keys read equal
+      elements at equal entries (None: not known);
+    - `rows`: a grouping ``(i, b, s)`` of control i's leading axis into groups of b consecutive
+      entries starting at s; every entry ``v[r, …]`` depends on group r only (None: not known);
+    - `span`: ``(i, lo, hi)``: the whole variable depends only on the entries lo ≤ k < hi of
+      control i's leading axis (None: not known).
+    """
+
+    key: object = None
+    rows: tuple | None = None
+    span: tuple | None = None
 
 
-_ADDITIVE = "additive"
+@dataclass(frozen=True)
+class _Sum:
+    """Every entry is a sum of terms, each depending on one element of x, or on one group of a
+    grouping in `groups` (``("rows", grouping)``), or on one span in `groups` (``("span", span)``);
+    `span` as in :class:`_Dep` for the whole variable."""
+
+    groups: frozenset = frozenset()
+    span: tuple | None = None
+
+
 _FULL = "full"
 
 #: Element-wise scalar Ops linear in each argument that depends on x (given the others fixed).
@@ -126,41 +157,75 @@ _INCREMENTS = (pts.IncSubtensor, pts.AdvancedIncSubtensor1, pts.AdvancedIncSubte
 _LINEAR_SOLVES = (Solve, SolveTriangular, CholeskySolve)
 
 
-def hessian_structure(objective: Variable, xs: Sequence[Variable]) -> LinearStructure:
-    """The layout of ∇²ₓ objective proved by the graph: diagonal or dense (= not proved)."""
-    classes = _classify([objective], xs)
-    kind = classes.get(objective)
-    if kind is None or isinstance(kind, _Local) or kind == _ADDITIVE:
+def hessian_structure(
+    objective: Variable, xs: Sequence[Variable], shapes: Sequence[tuple] | None = None
+) -> LinearStructure:
+    """The layout of ∇²ₓ objective proved by the graph: diagonal, block-diagonal or dense
+    (= not proved).
+
+    Block-diagonal layouts are those of a sum of terms each depending on one group of
+    consecutive elements of the packed x: the rows of a matrix-shaped x (row-wise terms, then a
+    sum), a vector reshaped into rows, or constant slices and indices of x (a sum of per-group
+    objectives). Their block size needs the controls' sizes: their static shapes, or `shapes`.
+    """
+    kind = _classify([objective], xs).get(objective)
+    if kind is None:
         return LinearStructure("diagonal")
-    return LinearStructure("dense")
+    if isinstance(kind, _Dep):
+        if kind.key is not None:
+            return LinearStructure("diagonal")
+        if kind.span is None:
+            return LinearStructure("dense")
+        kind = _Sum(frozenset({("span", kind.span)}))
+    if not isinstance(kind, _Sum):
+        return LinearStructure("dense")
+    return _block_layout(kind.groups, xs, shapes)
 
 
-def jacobian_structure(residual: Sequence[Variable], xs: Sequence[Variable]) -> LinearStructure:
+def jacobian_structure(
+    residual: Sequence[Variable], xs: Sequence[Variable], shapes: Sequence[tuple] | None = None
+) -> LinearStructure:
     """The layout of ∂F/∂x (F the flattened concatenation of `residual`) proved by the graph.
 
     Diagonal when there is one piece per control, each piece reading its control element by
-    element (same shape, no broadcasting), else dense (= not proved).
+    element (same shape, no broadcasting); block-diagonal when a piece shaped like a
+    matrix-shaped control computes each row from the same row of the control; else dense
+    (= not proved).
     """
     residual, xs = list(residual), list(xs)
     if len(residual) != len(xs):
         return LinearStructure("dense")
     classes = _classify(residual, xs)
+    groups = set()
     for i, (piece, x) in enumerate(zip(residual, xs, strict=True)):
         kind = classes.get(piece)
         if kind is None:
             continue  # a piece independent of x: zero rows, still diagonal
-        if kind != _Local(("control", i)) or piece.type.broadcastable != x.type.broadcastable:
+        if not isinstance(kind, _Dep) or piece.type.broadcastable != x.type.broadcastable:
             return LinearStructure("dense")
-    return LinearStructure("diagonal")
+        if kind.key == ("control", i):
+            continue
+        if kind.rows != (i, 1, 0):
+            return LinearStructure("dense")
+        groups.add(("rows", kind.rows))
+    return _block_layout(frozenset(groups), xs, shapes)
 
 
 def _classify(outputs, xs) -> dict:
-    classes: dict = {x: _Local(("control", i)) for i, x in enumerate(xs)}
+    # a control's entry r (along its leading axis) is its own group r
+    classes: dict = {
+        x: _Dep(key=("control", i), rows=(i, 1, 0) if x.type.ndim >= 1 else None)
+        for i, x in enumerate(xs)
+    }
     for node in io_toposort(list(xs), list(outputs)):
         inputs = [classes.get(i) for i in node.inputs]
         if all(c is None for c in inputs):
             continue
         kind = _FULL if _FULL in inputs else _rule(node, inputs)
+        if kind == _FULL:
+            # whatever the Op, its outputs depend only on what its inputs depend on
+            span = _common_span(c for c in inputs if c is not None)
+            kind = _FULL if span is None else _Dep(span=span)
         for out in node.outputs:
             if _differentiable(out):
                 classes[out] = kind
@@ -181,58 +246,263 @@ def _rule(node, inputs):
     if isinstance(op, Elemwise):
         return _elemwise(node, inputs, dependent)
     if isinstance(op, _COPIES):
-        if all(isinstance(c, _Local) for _, c in dependent):
-            return _Local(_structural_key(node, inputs))
-        return _ADDITIVE
+        return _copy(node, inputs, dependent)
     if isinstance(op, _INCREMENTS):
-        if op.set_instead_of_inc and all(isinstance(c, _Local) for _, c in dependent):
-            return _Local(_structural_key(node, inputs))
-        return _ADDITIVE
-    if isinstance(op, Sum):
-        return _ADDITIVE
+        if op.set_instead_of_inc and all(_is_local(c) for _, c in dependent):
+            return _Dep(key=_structural_key(node, inputs))
+        return _linear([c for _, c in dependent])
     if isinstance(op, CAReduce):
-        return _FULL  # max, prod, …: each entry a nonlinear function of several elements
+        return _reduce(node, inputs[0])
     if isinstance(op, Dot) or (isinstance(op, Blockwise) and _is_matmul(op)):
-        return _ADDITIVE if len(dependent) == 1 else _FULL
+        if len(dependent) != 1:
+            return _FULL
+        [(i, c)] = dependent
+        if i == 0 and isinstance(c, _Dep) and c.rows and node.inputs[0].ndim == 2:
+            return _Dep(rows=c.rows, span=c.span)  # row r of X C is row r of X times C
+        return _linear([c])
+    if isinstance(op, Blockwise) and (rows := _batched_rows(node, dependent)) is not None:
+        # entry r of a batch axis is computed from entry r of the inputs only
+        return _Dep(rows=rows, span=_common_span(c for _, c in dependent))
     core = op.core_op if isinstance(op, Blockwise) else op
     if isinstance(core, _LINEAR_SOLVES) and [i for i, _ in dependent] == [1]:
-        return _ADDITIVE
+        return _linear([c for _, c in dependent])
     return _FULL
+
+
+def _batched_rows(node, dependent):
+    """The common rows of a Blockwise's x-dependent inputs when their leading axis is a batch
+    axis (not broadcast against the output's), else None: PyMC's MvNormal solves row by row."""
+    out = node.outputs[0]
+    batch_ndim = node.op.batch_ndim(node)
+    rows = set()
+    for i, c in dependent:
+        x = node.inputs[i]
+        core_ndim = len(node.op.inputs_sig[i])
+        aligned = (
+            batch_ndim >= 1
+            and x.ndim - core_ndim == batch_ndim
+            and x.type.broadcastable[0] == out.type.broadcastable[0]
+        )
+        rows.add(c.rows if aligned and isinstance(c, _Dep) else None)
+    return rows.pop() if len(rows) == 1 else None
 
 
 def _is_matmul(op) -> bool:
     return isinstance(op.core_op, Dot)
 
 
+def _is_local(c) -> bool:
+    return isinstance(c, _Dep) and c.key is not None
+
+
+def _common_span(classes):
+    """The hull of the classes' spans if they all have one on the same control, else None."""
+    spans = [getattr(c, "span", None) for c in classes]
+    if not spans or None in spans or len({i for i, _, _ in spans}) != 1:
+        return None
+    return (spans[0][0], min(lo for _, lo, _ in spans), max(hi for _, _, hi in spans))
+
+
+def _groups(c):
+    """The terms of c as a sum (see :class:`_Sum`), or None when c is no such sum."""
+    if isinstance(c, _Sum):
+        return c.groups
+    if not isinstance(c, _Dep):
+        return None
+    if c.key is not None:
+        return frozenset()
+    if c.rows is not None:
+        return frozenset({("rows", c.rows)})
+    if c.span is not None:
+        return frozenset({("span", c.span)})
+    return None
+
+
+def _linear(classes):
+    """A linear combination of `classes` (entry by entry, or summed)."""
+    groups = [_groups(c) for c in classes]
+    if None in groups:
+        return _FULL
+    return _Sum(frozenset().union(*groups), _common_span(classes))
+
+
 def _elemwise(node, inputs, dependent):
     out_broadcastable = node.outputs[0].type.broadcastable
-    keys = set()
+    keys, rows = set(), set()
     for i, c in dependent:
-        if isinstance(c, _Local):
+        if _is_local(c):
             pattern = node.inputs[i].type.broadcastable
             keys.add(c.key if pattern == out_broadcastable else ("broadcast", c.key, pattern))
         else:
             keys.add(None)
-    if len(keys) == 1 and None not in keys:
-        return _Local(keys.pop())
+        aligned = (
+            isinstance(c, _Dep)
+            and c.rows is not None
+            and node.inputs[i].type.broadcastable[:1] == out_broadcastable[:1]
+        )
+        rows.add(c.rows if aligned else None)
+    key = keys.pop() if len(keys) == 1 else None
+    row = rows.pop() if len(rows) == 1 else None
+    span = _common_span(c for _, c in dependent)
     scalar_op = node.op.scalar_op
-    if isinstance(scalar_op, _LINEAR_SCALAR) or (
+    linear = isinstance(scalar_op, _LINEAR_SCALAR) or (
         isinstance(scalar_op, ps.Mul) and len(dependent) == 1
-    ):
-        return _ADDITIVE
+    )
     if isinstance(scalar_op, _LINEAR_IN_FIRST) and [i for i, _ in dependent] == [0]:
-        return _ADDITIVE
-    return _FULL
+        linear = True
+    if key is not None or row is not None:
+        return _Dep(key=key, rows=row, span=span)
+    if linear:
+        # a sum of separate terms, more precise than the hull of their spans
+        return _linear([c for _, c in dependent])
+    return _FULL  # (the caller keeps the span)
+
+
+def _copy(node, inputs, dependent):
+    """Copies of entries: an element-wise key, rows kept where the leading axis is, spans of
+    constant indices into the leading axis."""
+    if not all(isinstance(c, _Dep) for _, c in dependent):
+        return _linear([c for _, c in dependent])
+    key = None
+    if all(_is_local(c) for _, c in dependent):
+        key = _structural_key(node, inputs)
+    rows, span = None, _common_span(c for _, c in dependent)
+    source = inputs[0]
+    if len(dependent) == 1 and dependent[0][0] == 0:
+        rows, span = _leading_axis(node, source, span)
+    if key is None and rows is None and span is None:
+        return _linear([c for _, c in dependent])
+    return _Dep(key=key, rows=rows, span=span)
+
+
+def _leading_axis(node, c, span):
+    """(rows, span) of a copy of `c` (the Op's only x-dependent input, its first)."""
+    op = node.op
+    x, out = node.inputs[0], node.outputs[0]
+    if c.rows is None or x.ndim == 0:
+        return None, span
+    i, b, s = c.rows
+    if isinstance(op, DimShuffle):
+        return (c.rows if out.ndim >= 1 and op.new_order[0] == 0 else None), span
+    if isinstance(op, Reshape):
+        # element by element (b = 1), a vector reshaped into rows of `size` entries
+        shape = _constant_shape(node.inputs[1])
+        if b == 1 and x.ndim == 1 and shape is not None and len(shape) >= 2:
+            size = int(np.prod(shape[1:]))
+            if all(d is not None and d > 0 for d in shape[1:]):
+                return (i, size, s), span
+        return None, span
+    if isinstance(op, pts.Subtensor):
+        indices = pts.get_idx_list(node.inputs, op.idx_list)
+        first = indices[0] if indices else slice(None)
+        if first == slice(None):
+            return c.rows, span
+        bounds = _constant_bounds(first)
+        if bounds is None:
+            return None, span
+        lo, hi = bounds
+        group_span = (i, s + lo * b, s + hi * b)
+        return ((i, b, s + lo * b) if isinstance(first, slice) else None), group_span
+    return None, span
+
+
+def _reduce(node, c):
+    """A reduction: sums are linear; any reduction keeps rows it does not reduce over."""
+    x = node.inputs[0]
+    axes = tuple(range(x.ndim)) if node.op.axis is None else tuple(node.op.axis)
+    if isinstance(c, _Dep) and c.rows is not None and 0 not in axes:
+        return _Dep(rows=c.rows, span=c.span)
+    if isinstance(node.op, Sum):
+        return _linear([c])
+    return _FULL  # max, prod, …: each entry a nonlinear function of several elements
+
+
+def _constant(var):
+    if not isinstance(var, Variable):
+        return int(var)  # an index given as a Python integer
+    try:
+        return int(ptb.get_underlying_scalar_constant_value(var))
+    except NotScalarConstantError:
+        return None
+
+
+def _constant_shape(var):
+    """The entries of a shape vector (None where not constant), or None if not known."""
+    if isinstance(var, Constant):
+        return [int(d) for d in np.ravel(var.data)]
+    if var.owner is not None and isinstance(var.owner.op, ptb.MakeVector):
+        return [_constant(d) for d in var.owner.inputs]
+    return None
+
+
+def _constant_bounds(index):
+    """(lo, hi) of a constant index or step-1 slice with non-negative constant bounds."""
+    if isinstance(index, slice):
+        if index.step is not None and _constant(index.step) != 1:
+            return None
+        lo = 0 if index.start is None else _constant(index.start)
+        hi = None if index.stop is None else _constant(index.stop)
+        if lo is None or hi is None or lo < 0 or hi < lo:
+            return None
+        return lo, hi
+    g = _constant(index)
+    return None if g is None or g < 0 else (g, g + 1)
 
 
 def _structural_key(node, inputs):
     """Equal for the same copying Op applied to the same keys and the same other inputs."""
     return (
         node.op,
-        tuple(
-            c.key if isinstance(c, _Local) else v for v, c in zip(node.inputs, inputs, strict=True)
-        ),
+        tuple(c.key if _is_local(c) else v for v, c in zip(node.inputs, inputs, strict=True)),
     )
+
+
+def _block_layout(groups, xs, shapes) -> LinearStructure:
+    """The smallest block size of the packed x whose blocks hold every group of `groups`
+    (diagonal when there is none; dense when the sizes are unknown or no block size fits)."""
+    if not groups:
+        return LinearStructure("diagonal")
+    sizes = []
+    for k, x in enumerate(xs):
+        shape = x.type.shape
+        if None in shape and shapes is not None and k < len(shapes):
+            shape = tuple(shapes[k])
+        if None in shape:
+            return LinearStructure("dense")
+        sizes.append(tuple(int(d) for d in shape))
+    row_size = [int(np.prod(s[1:], dtype=int)) if s else 1 for s in sizes]
+    offset = np.concatenate([[0], np.cumsum([int(np.prod(s, dtype=int)) for s in sizes])])
+    n = int(offset[-1])
+    # every group as (period p, start a, stop e) in packed elements: rows tile [a, e) by p
+    tiles = []
+    for what, (i, *rest) in groups:
+        u = row_size[i]
+        if what == "rows":
+            b, s = rest
+            tiles.append((b * u, offset[i] + s * u, offset[i + 1]))
+        else:
+            lo, hi = rest
+            tiles.append((None, offset[i] + lo * u, offset[i] + hi * u))
+    for block in _divisors(n):
+        if all(_holds(block, *tile) for tile in tiles):
+            if block == 1:
+                return LinearStructure("diagonal")
+            if block == n:
+                break
+            return LinearStructure("block_diagonal", block)
+    return LinearStructure("dense")
+
+
+def _holds(block, period, start, stop) -> bool:
+    """Whether every aligned block of `block` elements holds each group of the tile."""
+    if period is None:  # one group [start, stop)
+        return stop <= start or start // block == (stop - 1) // block
+    return block % period == 0 and start % period == 0
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(np.sqrt(n)) + 1) if n % d == 0]
+    return sorted(set(small) | {n // d for d in small})
 
 
 # --- structures as layouts -------------------------------------------------------------------
@@ -367,10 +637,11 @@ def resolve_structure(
         Fixes the size of controls without a static shape for the numerical check.
     """
     xs = problem.inner_xs
+    shapes = _x0_shapes(x0, xs)
     if objective is not None:
-        proved = hessian_structure(objective, xs)
+        proved = hessian_structure(objective, xs, shapes)
     else:
-        proved = jacobian_structure(residual, xs)
+        proved = jacobian_structure(residual, xs, shapes)
     if structure == AUTO:
         return proved
     verify_structure(
@@ -380,6 +651,28 @@ def resolve_structure(
         argument=argument,
     )
     return structure
+
+
+def _x0_shapes(x0, xs) -> list[tuple] | None:
+    """The controls' shapes, from their static types or else from x0's (None if unknown)."""
+    if x0 is None:
+        return None
+    import pytensor.tensor as pt
+
+    x0s = list(x0) if isinstance(x0, list | tuple) else [x0]
+    if len(x0s) != len(xs):
+        return None
+    shapes = []
+    for x, start in zip(xs, x0s, strict=True):
+        try:
+            shape = pt.as_tensor_variable(start).type.shape
+        except (TypeError, ValueError):
+            return None
+        if len(shape) != x.type.ndim:
+            return None  # x0 broadcast to x: its shape says nothing
+        known = zip(x.type.shape, shape, strict=True)
+        shapes.append(tuple(d if d is not None else s for d, s in known))
+    return shapes
 
 
 #: Random parameter values of the numerical check: positive and of order one, so that the

@@ -115,7 +115,9 @@ def minimize(
         ``"diagonal"`` when each element of x enters the objective separately (independent
         random effects), ``"block_diagonal"`` for consecutive blocks of `block_size` elements.
         ``"auto"`` reads the layout off the objective's graph (diagonal when it is a sum of
-        terms each of one element of x, else dense; :mod:`pymc_optim.linalg.detect`). An
+        terms each of one element of x, block-diagonal when a sum of terms each of one group of
+        consecutive elements: the rows of a matrix-shaped x, constant slices; else dense;
+        :mod:`pymc_optim.linalg.detect`). An
         explicit structure is checked at build time, and one that drops nonzero Hessian entries
         is a ValueError naming them (numerically, when the graph alone cannot prove it fits
         and every input's shape is known).

@@ -63,7 +63,8 @@ def root(
     structure : {"auto", "dense", "diagonal", "block_diagonal"}, default "auto"
         Layout of the Jacobian ∂F/∂x, used by Newton steps and the implicit gradient's solve
         (see :func:`minimize`); ``"auto"`` reads it off the equations' graph (diagonal when
-        each equation reads its own element of x only, else dense).
+        each equation reads its own element of x only, block-diagonal when each row of a
+        matrix-shaped x's equations reads that row only, else dense).
     block_size : int, optional
         The block size for ``structure="block_diagonal"``.
     optimizer_kwargs : dict, optional
