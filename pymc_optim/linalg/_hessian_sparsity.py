@@ -380,7 +380,11 @@ def _constant_value(var):
         return var.get_value(borrow=True)
     roots = list(graph_inputs([var]))
     if all(isinstance(r, Constant | TensorSharedVariable) for r in roots):
-        return var.eval()
+        # the Python linker: no C compilation (nor the C module cache's first load) at build time
+        import pytensor
+        from pytensor.compile.mode import Mode
+
+        return pytensor.function([], var, mode=Mode(linker="py", optimizer="fast_compile"))()
     raise _GiveUp(f"{var} is not a constant of the graph")
 
 
