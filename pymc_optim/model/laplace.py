@@ -57,6 +57,7 @@ _GAUSSIAN_PRIORS = {
     "KroneckerNormalRV",
     "GMRF",  # pymc_optim.distributions.gmrf (CustomDist class names)
     "ICAR",
+    "RW",
 }
 #: Gaussian when the distributions they are built from are (pm.GaussianRandomWalk is a RandomWalk
 #: of Normal innovations; pm.AR's innovations are Normal, its `init_dist` need not be).
