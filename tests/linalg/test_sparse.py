@@ -626,3 +626,25 @@ def test_structure_sparse_errors():
         pmo.minimize(unreadable, x, x0=np.zeros(3), method="newton", structure="sparse")
     with pytest.raises(ValueError, match=r"`hessian_structure` must be one of 'auto'.*'sparse'"):
         pmo.marginalize_laplace(icar_poisson_model(3), "x", hessian_structure="banded")
+
+
+def test_a_batch_of_sparse_solves_matches_the_solves_one_by_one():
+    """A vectorized sparse Newton solve (what recover_latent runs over a chain's draws) gives
+    each problem's own solution and success: the one-problem pattern is not stretched over
+    the stacked unknowns."""
+    from pytensor.graph.replace import vectorize_graph
+
+    n = 20
+    x, tau = pt.vector("x"), pt.scalar("tau")
+    objective = (
+        0.5 * tau * ((x[1:] - x[:-1]) ** 2).sum() + (pt.exp(x) - (np.arange(n) % 3) * x).sum()
+    )
+    x_star, ok = pmo.minimize(objective, x, x0=np.zeros(n), method="newton", structure="sparse")
+    taus = pt.vector("taus")
+    batched = pytensor.function([taus], vectorize_graph([x_star, ok], {tau: taus}))
+    single = pytensor.function([tau], [x_star, ok])
+    values = [0.5, 1.0, 2.0]
+    xs, oks = batched(values)
+    assert np.all(oks)
+    for k, t in enumerate(values):
+        np.testing.assert_allclose(xs[k], single(t)[0], rtol=RTOL, atol=1e-12)
