@@ -114,8 +114,6 @@ def _stacked_structure(op: SolverOp) -> LinearStructure | None:
     static size of a single control (the block size); then the batch falls back to a loop.
     """
     structure = op.condition.structure
-    if structure.kind == "sparse":
-        return None  # its pattern is one problem's: a stacked pattern would need the batch size
     if structure.kind != "dense":
         return structure
     shapes = [x.type.shape for x in op.problem.inner_xs]

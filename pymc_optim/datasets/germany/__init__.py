@@ -7,6 +7,7 @@ reference results come from.
 
 from __future__ import annotations
 
+import io
 import json
 from importlib.resources import files
 from typing import NamedTuple
@@ -51,7 +52,7 @@ def load_germany() -> GermanyData:
     ((544,), 15466, (1416, 2))
     """
     folder = files("pymc_optim.datasets.germany").joinpath("data")
-    table = np.loadtxt(folder.joinpath("oral.txt").open())
+    table = np.loadtxt(io.StringIO(folder.joinpath("oral.txt").read_text()))
     order = np.argsort(table[:, 0])
     table = table[order]
     lines = folder.joinpath("germany.graph").read_text().split("\n")
