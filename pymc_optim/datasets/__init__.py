@@ -4,9 +4,27 @@
   Zurcher") and the dynamic discrete choice model whose likelihood contains a Bellman fixed point.
 - :mod:`pymc_optim.datasets.finland`: the Finland disease map (Vanhatalo et al. 2010), a
   Gaussian-process latent field under Poisson counts (Stan's embedded-Laplace example).
+- :mod:`pymc_optim.datasets.germany`: oral-cavity cancer in Germany's 544 districts (R-INLA's
+  disease-mapping example), a BYM2 model: an ICAR field on the district graph plus iid effects.
 """
 
 from pymc_optim.datasets.finland import FinlandData, finland_model, load_finland
+from pymc_optim.datasets.germany import (
+    GermanyData,
+    germany_bym2_model,
+    load_germany,
+    load_germany_reference,
+)
 from pymc_optim.datasets.rust1987 import Rust1987Data, load_rust1987
 
-__all__ = ["FinlandData", "Rust1987Data", "finland_model", "load_finland", "load_rust1987"]
+__all__ = [
+    "FinlandData",
+    "GermanyData",
+    "Rust1987Data",
+    "finland_model",
+    "germany_bym2_model",
+    "load_finland",
+    "load_germany",
+    "load_germany_reference",
+    "load_rust1987",
+]

@@ -9,7 +9,9 @@ matrix, and their log densities are normalised:
   precision Q = L / σ² with L = D − W the weighted graph Laplacian (rank N − c for c connected
   components), and the constraint that the field sums to zero on each component (INLA's
   ``constr=TRUE``), handled exactly or softly;
-- :class:`GMRF` — a proper Gaussian N(μ, (τ Q)⁻¹) with a fixed sparse precision Q.
+- :class:`GMRF` — a proper Gaussian N(μ, (τ Q)⁻¹) with a fixed sparse precision Q;
+- :class:`RW` — the first- or second-order random walk (RW1/RW2) of a series, an intrinsic GMRF
+  with banded precision DᵀD/σ², anchored at its first values.
 
 Log-densities cost O(number of edges); log det terms of the fixed matrices are computed once,
 when the variable is created, with the sparse Cholesky of :mod:`pymc_optim.linalg.sparse`
@@ -34,7 +36,7 @@ from pytensor.tensor.variable import TensorVariable
 from pymc_optim.linalg import _cholesky
 from pymc_optim.linalg.sparse import SparseFactorSolveOp, SparsePattern
 
-__all__ = ["GMRF", "ICAR", "ComponentZeroSumTransform"]
+__all__ = ["GMRF", "ICAR", "RW", "ComponentZeroSumTransform"]
 
 _LOG_2PI = float(np.log(2 * np.pi))
 
@@ -227,6 +229,114 @@ class GMRF:
         return pm.CustomDist.dist(
             pm.floatX(mu), pm.floatX(tau), **_gmrf_custom_dist_kwargs(precision), **kwargs
         )
+
+
+class RW:
+    r"""First- or second-order random walk (RW1, RW2) of a series, anchored at its start.
+
+    .. math::
+
+        \log p(x \mid \sigma) = -\frac{1}{2\sigma^2} \sum_{t=k}^{N-1} (\Delta^k x)_t^2
+            - (N - k) \log\sigma - \tfrac{N - k}{2} \log 2\pi,
+        \qquad x_0 = \dots = x_{k-1} = 0,
+
+    with Δ the difference operator and k = `order`: Δx_t = x_t − x_{t−1} (RW1),
+    Δ²x_t = x_t − 2x_{t−1} + x_{t−2} (RW2). The precision DᵀD/σ² of the intrinsic random walk
+    has rank N − k (its null space: constants, and for RW2 also linear trends); fixing the first
+    k values (through a transform: N − k free coordinates) makes it the proper Gaussian whose
+    differences are iid N(0, σ²), with a unit-determinant (triangular) D in the free values, so
+    the density above is normalised and σ can be free. The model equals INLA's constrained
+    RW1/RW2 up to an intercept (RW1), or an intercept and a linear trend (RW2), which the model
+    should then carry. The log density costs O(N); its Hessian is banded (bandwidth k), so
+    ``marginalize_laplace`` takes the sparse layout by itself for N ≥ 256.
+
+    Parameters
+    ----------
+    name : str
+    n : int
+        Length of the series (N > `order`).
+    order : {1, 2}, default 1
+    sigma : tensor_like of float, default 1
+        Standard deviation of the k-th differences.
+    **kwargs
+        Passed to ``pm.CustomDist`` (``dims``, ``observed``, ...).
+
+    Returns
+    -------
+    TensorVariable
+        The series, shape (N,).
+
+    Raises
+    ------
+    ValueError
+        If `order` is not 1 or 2, or `n` is not larger than `order`.
+
+    Examples
+    --------
+    >>> import numpy as np, pymc as pm
+    >>> from pymc_optim.distributions.gmrf import RW
+    >>> x = RW.dist(n=6, order=2, sigma=0.5)
+    >>> draw = pm.draw(x, random_seed=2)
+    >>> draw[:2].tolist(), draw.shape
+    ([0.0, 0.0], (6,))
+    """
+
+    def __new__(cls, name: str, n: int, *, order: int = 1, sigma=1.0, **kwargs) -> TensorVariable:
+        n, order = _check_rw(n, order)
+        kwargs.setdefault("transform", _CornerTransform(n, np.arange(order, n)))
+        return pm.CustomDist(name, pm.floatX(sigma), **_rw_custom_dist_kwargs(n, order), **kwargs)
+
+    @classmethod
+    def dist(cls, n: int, *, order: int = 1, sigma=1.0, **kwargs) -> TensorVariable:
+        """The unnamed distribution (for ``pm.logp``, ``pm.draw``); same arguments as ``RW``."""
+        n, order = _check_rw(n, order)
+        return pm.CustomDist.dist(pm.floatX(sigma), **_rw_custom_dist_kwargs(n, order), **kwargs)
+
+
+def _check_rw(n, order):
+    if order not in (1, 2):
+        raise ValueError(f"`order` must be 1 (RW1) or 2 (RW2); got {order!r}.")
+    if not isinstance(n, int | np.integer) or n <= order:
+        raise ValueError(
+            f"`n` must be an integer larger than `order` ({order}): the walk is anchored at its "
+            f"first {order} value(s); got {n!r}."
+        )
+    return int(n), int(order)
+
+
+def _rw_custom_dist_kwargs(n: int, order: int) -> dict:
+    free = n - order
+
+    def logp(value, sigma):
+        # the N − k differences Δᵏx_t, t ≥ k (the anchors x_0..x_{k−1} are the transform's zeros)
+        differences = value[..., 1:] - value[..., :-1]
+        if order == 2:
+            differences = differences[..., 1:] - differences[..., :-1]
+        logp = (
+            -0.5 * (differences**2).sum(axis=-1) / sigma**2
+            - free * pt.log(sigma)
+            - 0.5 * free * _LOG_2PI
+        )
+        return check_parameters(logp, sigma > 0, msg="sigma > 0")
+
+    def dist(sigma, size):
+        steps = pt.as_tensor_variable(sigma) * pm.Normal.dist(0.0, 1.0, shape=(free,))
+        walk = pt.cumsum(steps)
+        if order == 2:
+            walk = pt.cumsum(walk)
+        return pt.concatenate([pt.zeros((order,)), walk])
+
+    def support_point(rv, size, sigma):
+        return pt.zeros((n,))
+
+    return {
+        "dist": dist,
+        "logp": logp,
+        "support_point": support_point,
+        "ndim_supp": 1,
+        "ndims_params": [0],
+        "class_name": "RW",
+    }
 
 
 class ComponentZeroSumTransform(Transform):

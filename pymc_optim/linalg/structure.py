@@ -123,10 +123,17 @@ def as_linear_structure(structure, block_size=None, argument: str = "structure")
                 f"`{argument}='block_diagonal'`."
             )
         return "auto"
+    if structure == "sparse":  # the pattern is read off the graph later, like "auto"
+        if block_size is not None:
+            raise ValueError(
+                f"`block_size` is only used with `{argument}='block_diagonal'`; got "
+                f"`{argument}='sparse'` and block_size={block_size!r}. Drop `block_size`."
+            )
+        return "sparse"
     if structure not in STRUCTURES:
         raise ValueError(
-            f"`{argument}` must be one of {', '.join(map(repr, ('auto', *STRUCTURES)))}; got "
-            f"{structure!r}."
+            f"`{argument}` must be one of "
+            f"{', '.join(map(repr, ('auto', *STRUCTURES, 'sparse')))}; got {structure!r}."
         )
     if structure == "block_diagonal":
         if not isinstance(block_size, int | np.integer) or block_size < 1:

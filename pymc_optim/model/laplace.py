@@ -57,6 +57,7 @@ _GAUSSIAN_PRIORS = {
     "KroneckerNormalRV",
     "GMRF",  # pymc_optim.distributions.gmrf (CustomDist class names)
     "ICAR",
+    "RW",
 }
 #: Gaussian when the distributions they are built from are (pm.GaussianRandomWalk is a RandomWalk
 #: of Normal innovations; pm.AR's innovations are Normal, its `init_dist` need not be).
@@ -92,11 +93,13 @@ def marginalize_laplace(
         Free, continuous random variables of `model` to integrate out.
     method : str, default "newton"
         The inner solver of :func:`pymc_optim.minimize` (``"newton"`` is graph-native).
-    hessian_structure : {"auto", "dense", "diagonal", "block_diagonal"}, default "auto"
+    hessian_structure : {"auto", "dense", "diagonal", "block_diagonal", "sparse"}, default "auto"
         Layout of H. ``"diagonal"`` when each latent element enters the density separately
         (independent random effects with an element-wise likelihood), ``"block_diagonal"`` for
         contiguous groups of `block_size` elements of the flattened latents (several effects
-        per group), ``"dense"`` otherwise. ``"auto"`` reads the layout off the model (see
+        per group), ``"sparse"`` for a Gaussian Markov random field (ICAR, CAR, random walks,
+        a sparse precision: H is factorized by a sparse Cholesky on the pattern read off the
+        graph), ``"dense"`` otherwise. ``"auto"`` reads the layout off the model (see
         Notes); the choice is ``pmo.laplace_info(marginal_model).structure``. A wrong explicit
         choice gives a wrong marginal.
     block_size : int, optional
@@ -152,6 +155,13 @@ def marginalize_laplace(
     hyperparameters are jittered too because a structure can depend on them (a correlation of
     0 at the initial point). If no finite Hessian is found, or the latent has more than
     ``AUTO_STRUCTURE_MAX_SIZE`` elements, the layout is ``"dense"``, which is always correct.
+    Before that, a latent of at least ``pymc_optim.linalg.detect.SPARSE_MIN_SIZE`` elements
+    whose Hessian pattern, read off the graph without evaluating it, is sparse (at most
+    ``SPARSE_MAX_DENSITY`` of a full triangle, and of the dense factorization's flops)
+    gets the sparse layout: a GMRF prior (``pmo.distributions`` ICAR with
+    ``constraint="corner"``, GMRF, pm.CAR, random walks) under an element-wise likelihood.
+    A soft sum-to-zero penalty (``pm.ICAR``, ICAR with ``constraint="soft"``) adds a rank-one
+    term that makes H dense, so those stay dense.
 
     Examples
     --------
@@ -717,9 +727,17 @@ def _detect_hessian_structure(
     logp = graph_replace(
         model.logp(jacobian=True), dict(zip(values, _split(z, shapes), strict=True)), strict=False
     )
+    if structure == detect.SPARSE:
+        return detect.sparse_hessian_structure(
+            logp, [z], [d], required=True, argument="hessian_structure"
+        )
     proved = detect.hessian_structure(logp, [z])
     if structure == "auto" and proved.kind == "diagonal":
         return proved
+    if structure == "auto":
+        found = detect.sparse_hessian_structure(logp, [z], [d])
+        if found is not None:
+            return found
 
     def pattern():
         if d > detect.NUMERIC_MAX_SIZE:

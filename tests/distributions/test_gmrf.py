@@ -298,3 +298,72 @@ def test_icar_corner_constraint_density_draws_and_sparse_laplace():
     np.testing.assert_allclose(
         sparse_model.compile_dlogp()(point), dense_model.compile_dlogp()(point), rtol=1e-8
     )
+
+
+# --- RW1 / RW2 ----------------------------------------------------------------------------------
+
+
+def _difference_matrix(n, order):
+    D = np.diff(np.eye(n), n=order, axis=0)  # (n − k, n)
+    return D
+
+
+@pytest.mark.parametrize("order", [1, 2])
+def test_rw_logp_is_the_proper_gaussian_of_its_free_values(order):
+    """Free values x_k.. with x_0..x_{k-1} = 0: precision D_fᵀD_f/σ² (D_f = D without the
+    anchors' columns), against scipy's multivariate normal."""
+    from pymc_optim.distributions.gmrf import RW
+
+    n, sigma = 7, 0.6
+    D = _difference_matrix(n, order)[:, order:]
+    cov = sigma**2 * np.linalg.inv(D.T @ D)
+    x = np.concatenate([np.zeros(order), np.random.default_rng(order).normal(size=n - order)])
+    got = pm.logp(RW.dist(n=n, order=order, sigma=sigma), x).eval()
+    want = stats.multivariate_normal(np.zeros(n - order), cov).logpdf(x[order:])
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("order", [1, 2])
+def test_rw_draws_have_the_walks_covariance(order):
+    """10⁴ draws: the sample covariance of the free values within 5 Monte Carlo standard errors
+    of σ² (D_fᵀD_f)⁻¹ entry by entry (the standard error of a covariance from m draws of a
+    Gaussian is √((Σ_ii Σ_jj + Σ_ij²)/m))."""
+    from pymc_optim.distributions.gmrf import RW
+
+    n, sigma, m = 5, 0.7, 10_000
+    draws = pm.draw(RW.dist(n=n, order=order, sigma=sigma), draws=m, random_seed=5)
+    assert np.all(draws[:, :order] == 0)
+    D = _difference_matrix(n, order)[:, order:]
+    cov = sigma**2 * np.linalg.inv(D.T @ D)
+    sample = np.cov(draws[:, order:].T)
+    se = np.sqrt((np.outer(np.diag(cov), np.diag(cov)) + cov**2) / m)
+    assert np.all(np.abs(sample - cov) <= 5 * se)
+
+
+def test_rw_in_a_model_samples_free_values_and_takes_the_sparse_laplace():
+    import pymc_optim as pmo
+    from pymc_optim.distributions.gmrf import RW
+    from pymc_optim.linalg.sparse import SparseStructure
+
+    n = 300
+    y = np.random.default_rng(0).poisson(3.0, size=n)
+    with pm.Model() as model:
+        sigma = pm.HalfNormal("sigma", 0.2)
+        b = pm.Normal("b", 0.0, 2.0)
+        slope = pm.Normal("slope", 0.0, 0.1)
+        x = RW("x", n=n, order=2, sigma=sigma)
+        pm.Poisson("y", mu=pt.exp(b + slope * np.arange(n) + x), observed=y)
+    assert model.initial_point()["x_component_corner__"].shape == (n - 2,)
+    structure = pmo.laplace_info(pmo.marginalize_laplace(model, "x")).structure
+    assert isinstance(structure, SparseStructure)
+    # the pentadiagonal RW2 precision on the 298 free values: 298 + 297 + 296 entries
+    assert structure.pattern.nnz == 298 + 297 + 296
+
+
+def test_rw_errors():
+    from pymc_optim.distributions.gmrf import RW
+
+    with pytest.raises(ValueError, match=r"`order` must be 1 \(RW1\) or 2 \(RW2\); got 3"):
+        RW.dist(n=5, order=3)
+    with pytest.raises(ValueError, match=r"`n` must be an integer larger than `order` \(2\)"):
+        RW.dist(n=2, order=2)

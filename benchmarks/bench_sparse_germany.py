@@ -1,0 +1,131 @@
+"""Germany oral cancer, BYM2 (544 districts): Laplace marginal + NUTS against full NUTS (issue 15).
+
+Run ``python benchmarks/bench_sparse_germany.py`` to fit the Laplace marginal (φ and θ, 1,087
+latent values, integrated out; NUTS on μ, σ, ρ), draw the latents with ``recover_latent``, and
+compare with the stored full-model NUTS reference, printing both times and the standardised
+differences. ``--reference`` reruns the long full-model NUTS and rewrites the stored reference
+(``pymc_optim/datasets/germany/data/reference_nuts.json``). A script, not a test: it prints what
+it measures and exits 0 (``tests/datasets/test_germany.py`` holds the asserted comparison).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import arviz as az
+import numpy as np
+import pymc as pm
+
+import pymc_optim as pmo
+from pymc_optim.datasets import germany_bym2_model, load_germany_reference
+
+REFERENCE = Path(pmo.__file__).parent / "datasets" / "germany" / "data" / "reference_nuts.json"
+#: Compared quantities: σ, ρ and the mean log relative risk (μ itself means different things
+#: under the two constraints; see germany_bym2_model).
+HYPERPARAMETERS = ("mean_log_risk", "sigma", "rho")
+#: The long run: 4 chains (on the machine's 2 cores), 1,000 tuning and 2,500 kept draws each.
+REFERENCE_SETTINGS = {"chains": 4, "tune": 1000, "draws": 2500, "random_seed": 20261201}
+#: The Laplace run (what the slow test repeats): 2 chains of 500 after 500 tuning.
+LAPLACE_SETTINGS = {"chains": 2, "tune": 500, "draws": 500, "random_seed": 7}
+
+
+def summaries(idata) -> dict:
+    """Posterior mean, sd and the mean's Monte Carlo standard error of the hyperparameters and
+    of every district's relative risk."""
+    out = {}
+    for name in (*HYPERPARAMETERS, "relative_risk"):
+        values = idata.posterior[name]
+        out[name] = {
+            "mean": np.asarray(values.mean(("chain", "draw"))).tolist(),
+            "sd": np.asarray(values.std(("chain", "draw"))).tolist(),
+            "mcse": np.asarray(az.mcse(idata, var_names=[name])[name]).tolist(),
+        }
+    return out
+
+
+def run_reference() -> None:
+    # the sum-to-zero ICAR: μ identified, so full NUTS mixes (the corner form's μ–field shift
+    # gave R-hat 1.24 on μ in 4 × 2,500 draws)
+    model = germany_bym2_model(constraint="sum_to_zero")
+    t0 = time.perf_counter()
+    with model:
+        idata = pm.sample(**REFERENCE_SETTINGS, cores=2, progressbar=False, target_accept=0.9)
+    seconds = time.perf_counter() - t0
+    diverging = int(idata.sample_stats["diverging"].sum())
+    rhat = float(az.rhat(idata, var_names=[*HYPERPARAMETERS, "relative_risk"]).to_array().max())
+    result = {
+        "settings": {**REFERENCE_SETTINGS, "target_accept": 0.9, "sampler": "pm.sample NUTS"},
+        "seconds": seconds,
+        "diverging": diverging,
+        "max_rhat": rhat,
+        "model": "germany_bym2_model(constraint='sum_to_zero')",
+        "summaries": summaries(idata),
+    }
+    REFERENCE.write_text(json.dumps(result))
+    print(f"full NUTS: {seconds:.0f} s, {diverging} divergences, max R-hat {rhat:.4f}")
+
+
+def run_laplace() -> dict:
+    model = germany_bym2_model()
+    t0 = time.perf_counter()
+    marginal = pmo.marginalize_laplace(model, ["phi", "theta"])
+    build = time.perf_counter() - t0
+    structure = pmo.laplace_info(marginal).structure
+    t0 = time.perf_counter()
+    with marginal:
+        idata = pm.sample(**LAPLACE_SETTINGS, cores=1, progressbar=False)
+    sampling = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    idata = pmo.recover_latent(marginal, idata, random_seed=3, progressbar=False)
+    recovery = time.perf_counter() - t0
+    return {
+        "structure": structure,
+        "build": build,
+        "sampling": sampling,
+        "recovery": recovery,
+        "summaries": summaries(idata),
+        "diverging": int(idata.sample_stats["diverging"].sum()),
+    }
+
+
+def z_scores(laplace: dict, reference: dict, name: str) -> np.ndarray:
+    """(mean_Laplace − mean_reference) / √(mcse_Laplace² + mcse_reference²)."""
+    a, b = laplace[name], reference[name]
+    spread = np.hypot(np.asarray(a["mcse"]), np.asarray(b["mcse"]))
+    return (np.asarray(a["mean"]) - np.asarray(b["mean"])) / spread
+
+
+def main() -> None:
+    if "--reference" in sys.argv:
+        run_reference()
+        return
+    reference = load_germany_reference()
+    result = run_laplace()
+    print(
+        f"structure: {type(result['structure']).__name__} (n_colors "
+        f"{getattr(result['structure'], 'n_colors', '-')})"
+    )
+    print(
+        f"Laplace + NUTS: build {result['build']:.1f} s, sampling {result['sampling']:.0f} s "
+        f"({LAPLACE_SETTINGS['chains']}×{LAPLACE_SETTINGS['draws']}), recover_latent "
+        f"{result['recovery']:.0f} s, {result['diverging']} divergences"
+    )
+    print(f"full NUTS (stored reference run): {reference['seconds']:.0f} s")
+    print("| quantity | Laplace mean | full NUTS mean | z |")
+    print("|---|---|---|---|")
+    for name in HYPERPARAMETERS:
+        z = float(z_scores(result["summaries"], reference["summaries"], name))
+        print(
+            f"| {name} | {result['summaries'][name]['mean']:.4f} | "
+            f"{reference['summaries'][name]['mean']:.4f} | {z:+.2f} |"
+        )
+    z = z_scores(result["summaries"], reference["summaries"], "relative_risk")
+    summary = f"max |z| {np.abs(z).max():.2f}, mean z² {np.mean(z**2):.2f}"
+    print(f"| relative risks (544) | | | {summary} |")
+
+
+if __name__ == "__main__":
+    main()
