@@ -61,7 +61,7 @@ def laplace_run():
 
 @pytest.mark.slow
 def test_bym2_laplace_nuts_hyperparameters_agree_with_long_full_nuts(laplace_run):
-    """Laplace marginal + NUTS (2 × 500 draws) against the stored full NUTS (4 × 2,500).
+    """Laplace marginal + NUTS (2 × 300 draws) against the stored full NUTS (4 × 2,500).
 
     Each difference of posterior means is divided by √(mcse_L² + mcse_ref²), the Monte Carlo
     standard error of the difference: ~N(0, 1) if the Laplace marginal of (σ, ρ) were exact.
