@@ -60,7 +60,7 @@ class LatentGaussianStructure(LinearStructure):
     >>> import numpy as np
     >>> from pymc_optim.linalg.latent_gaussian import LatentGaussianStructure
     >>> K = np.array([[2.0, 0.5], [0.5, 1.0]]); w = np.array([0.3, 1.2]); r = np.array([1.0, -1.0])
-    >>> structure = LatentGaussianStructure("covariance")
+    >>> structure = LatentGaussianStructure(form="covariance")
     >>> y = structure.solve_numpy(np.vstack([K, w]), r)
     >>> bool(np.allclose(y, np.linalg.solve(np.linalg.inv(K) + np.diag(w), r)))
     True
@@ -71,6 +71,13 @@ class LatentGaussianStructure(LinearStructure):
     form: str = "precision"
 
     def __post_init__(self):
+        if self.kind != "latent_gaussian" or self.block_size is not None:
+            raise ValueError(
+                "`LatentGaussianStructure` takes `form` by keyword (its first fields are "
+                f"LinearStructure's `kind` and `block_size`); got kind={self.kind!r}, "
+                f"block_size={self.block_size!r}. Pass e.g. "
+                "`LatentGaussianStructure(form='covariance')`."
+            )
         if self.form not in FORMS:
             raise ValueError(
                 f"`form` must be one of {', '.join(map(repr, FORMS))}; got {self.form!r}."

@@ -93,6 +93,11 @@ def test_unknown_form_raises():
         LatentGaussianStructure(form="banded")
 
 
+def test_form_given_by_position_raises():
+    with pytest.raises(ValueError, match="takes `form` by keyword.*got kind='covariance'"):
+        LatentGaussianStructure("covariance")
+
+
 def test_jacobian_without_parts_raises():
     with pytest.raises(ValueError, match="builds A from its parts"):
         LatentGaussianStructure().jacobian(pt.vector("F"), [pt.vector("x")])
