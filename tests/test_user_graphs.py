@@ -254,7 +254,8 @@ def test_laplace_explicit_diagonal_on_coupled_latents_is_an_error():
     ):
         pmo.marginalize_laplace(model, "latent", hessian_structure="diagonal")
     marginal = pmo.marginalize_laplace(model, "latent")
-    assert pmo.laplace_info(marginal).structure.kind == "dense"
+    # not diagonal: the prior's covariance plus the likelihood's curvature (H = K⁻¹ + W)
+    assert pmo.laplace_info(marginal).structure.kind == "latent_gaussian"
     # Gaussian-Gaussian: the Laplace marginal is exact
     point = {"sigma_log__": np.log(0.7)}
     logp = marginal.compile_logp(vars=[marginal.potentials[0]], sum=True, jacobian=False)

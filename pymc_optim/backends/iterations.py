@@ -1,5 +1,10 @@
 """The graph-native solvers' iterations in numpy: damped Newton, fixed-point and Anderson.
 
+:mod:`pymc_optim.backends.numba` is a line-for-line port of these loops (a duplicate-code scan
+pairs the two): numba's nopython mode cannot call these functions, which use Python scalars,
+exceptions and numpy's fancy indexing, so it has its own. Change both together; the numba tests
+compare their iterates and counters with this module's.
+
 These loops call compiled inner graphs (no scipy); the JAX backend runs the same loops with
 ``jax.lax.while_loop`` (:mod:`pymc_optim.backends.jax`). Each returns
 ``(z, success, n_iterations, n_evaluations)`` on the flat vector z and never raises: a singular
@@ -274,7 +279,7 @@ def solve(structure, A, F):
     if structure.kind == "diagonal":
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(A != 0, F / np.where(A != 0, A, 1.0), np.nan)
-    if structure.kind == "dense":
+    if structure.kind != "block_diagonal":  # one system (dense, sparse, latent Gaussian)
         return np.full_like(F, np.nan)
     b = structure.block_size
     out = np.full((A.shape[0], b), np.nan)
@@ -287,44 +292,23 @@ def solve(structure, A, F):
 
 
 def positive_definite(structure, A, owner, n_problems):
-    """Per problem: whether its part of A is positive definite (Cholesky, or A > 0 on a
-    diagonal); NaN entries count as not positive definite. Structures of other modules
-    (sparse) answer for themselves, one problem at a time (they are never stacked)."""
-    if hasattr(structure, "is_positive_definite_numpy"):
-        return np.full(n_problems, structure.is_positive_definite_numpy(A))
-    if structure.kind == "diagonal":
-        bad = ~(A > 0)
-        element_owner = owner
-    else:
-        blocks = A[None] if structure.kind == "dense" else A
-        bad = np.zeros(blocks.shape[0], dtype=bool)
-        try:
-            np.linalg.cholesky(blocks)
-        except np.linalg.LinAlgError:
-            for j, block in enumerate(blocks):
-                try:
-                    np.linalg.cholesky(block)
-                except np.linalg.LinAlgError:
-                    bad[j] = True
-        bad |= ~np.all(np.isfinite(blocks), axis=(1, 2))
-        size = blocks.shape[-1]
-        element_owner = owner[::size] if structure.kind != "dense" else owner[:1]
+    """Per problem: whether its part of A is positive definite, from the structure's own test
+    (one flag per independent part of A: diagonal entry, block, or the whole matrix), each
+    part's flag given to the problem owning its first element."""
+    good = structure.positive_definite_numpy(A)
     out = np.ones(n_problems, dtype=bool)
-    out[element_owner[bad]] = False
+    out[part_owner(owner, good.shape[0])[~good]] = False
     return out
 
 
 def positive_definite_one(structure, A) -> bool:
     """`positive_definite` for one problem."""
-    if hasattr(structure, "is_positive_definite_numpy"):
-        return bool(structure.is_positive_definite_numpy(A))
-    if structure.kind == "diagonal":
-        return bool((A > 0).all())
-    try:
-        L = np.linalg.cholesky(A)
-    except np.linalg.LinAlgError:
-        return False
-    return bool(np.isfinite(L).all())
+    return bool(np.all(structure.positive_definite_numpy(A)))
+
+
+def part_owner(owner, n_parts: int):
+    """The problem owning each of `n_parts` equal, contiguous parts of z (its first element)."""
+    return owner[:: owner.shape[0] // n_parts]
 
 
 def tiny_step(max_abs_d, max_abs_z):

@@ -79,16 +79,14 @@ def _jax_function(inputs, outputs):
     return jax_funcify(fgraph)
 
 
-def _positive_definite(structure, A, owner, n_problems):
-    """Per problem: its part of A is positive definite (`_iterations.positive_definite`)."""
-    if structure.kind == "diagonal":
-        bad, element_owner = ~(A > 0), owner
-    else:
-        blocks = A[None] if structure.kind == "dense" else A
-        L = jnp.linalg.cholesky(blocks)  # NaN where a block is not positive definite
-        bad = ~jnp.all(jnp.isfinite(L), axis=(1, 2))
-        element_owner = owner[:: blocks.shape[-1]] if structure.kind != "dense" else owner[:1]
-    return jnp.zeros(n_problems, jnp.int32).at[element_owner].max(bad.astype(jnp.int32)) == 0
+def _positive_definite(positive_definite_fn, A, owner, n_problems):
+    """Per problem: its part of A is positive definite (`_iterations.positive_definite`), from
+    the structure's own test compiled to JAX: one flag per independent part of A, given to the
+    problem owning the part's first element."""
+    (good,) = positive_definite_fn(A)
+    bad = (~good).astype(jnp.int32)
+    part_owner = owner[:: owner.shape[0] // good.shape[0]]
+    return jnp.zeros(n_problems, jnp.int32).at[part_owner].max(bad) == 0
 
 
 @jax_funcify.register(NewtonOp)
@@ -96,10 +94,11 @@ def _newton_jax(op: NewtonOp, node=None, **kwargs):
     xs, params = op.typed_inner_inputs(node)
     condition = op.condition.on(xs, params)
     (merit,) = op.inner_on(xs, params, [op.merit])
-    system_fn = _jax_function(
-        [*xs, *params], [merit, condition.flat_residual(), condition.jacobian()]
-    )
+    jacobian = condition.jacobian()
+    system_fn = _jax_function([*xs, *params], [merit, condition.flat_residual(), jacobian])
     merit_fn = _jax_function([*xs, *params], [merit])
+    A_in = jacobian.type()
+    positive_definite_fn = _jax_function([A_in], [condition.structure.positive_definite(A_in)])
     n_controls, n_params = op.n_controls, op.n_params
     structure, tol, max_iter, minimization = (
         condition.structure,
@@ -143,7 +142,7 @@ def _newton_jax(op: NewtonOp, node=None, **kwargs):
             if minimization:
                 ok = ok & jax.lax.cond(
                     jnp.any(which & ok),
-                    lambda: _positive_definite(structure, A, owner, n_problems),
+                    lambda: _positive_definite(positive_definite_fn, A, owner, n_problems),
                     lambda: jnp.ones(n_problems, bool),
                 )
             return (

@@ -1,5 +1,10 @@
 """Numba backend: the graph-native loops compiled with numba, no object mode.
 
+This module is a line-for-line port of :mod:`pymc_optim.backends.iterations` (a duplicate-code
+scan pairs the two): numba's nopython mode needs its own njit functions, closed over the Op's
+compiled inner graphs, and cannot call the numpy loops (Python scalars, exceptions, fancy
+indexing). Change both together; tests/backends/test_numba.py checks that they agree.
+
 Imported by the package only when numba is installed; registers numba implementations of
 `NewtonOp` and `FixedPointOp` (methods ``"iteration"`` and ``"anderson"``) so that
 ``pytensor.function(..., mode="NUMBA")`` and nutpie, which compiles PyMC models with numba, run
@@ -20,8 +25,9 @@ Newton, ``update(z) -> T(z)`` for fixed points.
   under which ``numpy.linalg.solve`` raises ``LinAlgError`` (gesv = getrf + getrs), and the
   numpy loop then puts NaN in the singular blocks, so a singular system takes the same branch
   as there: for minimization the step falls back to −F, for root finding the solve stops with
-  ``success=False``. The curvature test at a minimum is pytensor's numba ``Cholesky``
-  (``on_error="nan"``), one per block, or A > 0 on a diagonal.
+  ``success=False``. The curvature test at a minimum is the structure's own
+  (`LinearStructure.positive_definite`: pytensor's numba ``Cholesky`` with ``on_error="nan"``
+  per block, A > 0 on a diagonal), compiled by pytensor's numba backend.
 * Batches (``NewtonOp.batch_ndim``): the loop takes ``rows`` (B, n), problem b's elements of z,
   and decides per problem, as the numpy loop does.
 * Nothing raises out of the loop. As in ``SolverOp.perform``, an exception from the inner graphs
@@ -91,8 +97,7 @@ def _solve_function(structure: LinearStructure):
     """
     if structure.kind == "diagonal":
         return _solve_diagonal, "diagonal"
-    ndim = {"dense": 2, "block_diagonal": 3}[structure.kind]
-    A = pt.tensor("A", dtype="float64", shape=(None,) * ndim)
+    A = pt.tensor("A", dtype="float64", shape=(None,) * structure.compact_ndim)
     F = pt.vector("F", dtype="float64")
     d = structure.solve(A, F, transposed=False, symmetric=False)
     solve_fn, key = _numba_function([A, F], [d])
@@ -184,35 +189,23 @@ def _stop(running, success, n_iterations, which, ok, iteration):
 
 @functools.cache
 def _positive_definite_function(structure: LinearStructure):
-    """Per problem: A positive definite (`_iterations.positive_definite`), by pytensor's numba
-    ``Cholesky`` (NaN where a block is not positive definite)."""
-    if structure.kind == "diagonal":
-        return _positive_diagonal, "diagonal"
-    ndim = {"dense": 2, "block_diagonal": 3}[structure.kind]
-    A = pt.tensor("A", dtype="float64", shape=(None,) * ndim)
-    cholesky_fn, key = _numba_function([A], [pt.linalg.cholesky(A, on_error="nan")])
+    """Per problem: A positive definite (`_iterations.positive_definite`), from the structure's
+    own test (`LinearStructure.positive_definite`, one flag per independent part of A) compiled
+    by pytensor's numba backend; a part's flag goes to the problem owning its first element."""
+    A = pt.tensor("A", dtype="float64", shape=(None,) * structure.compact_ndim)
+    flags_fn, key = _numba_function([A], [structure.positive_definite(A)])
 
     @_njit
-    def blocks(A, owner, n_problems):
-        L = np.ascontiguousarray(cholesky_fn(A)[0])
-        size = L.shape[-1]
-        L = L.reshape((-1, size * size))
+    def positive_definite(A, owner, n_problems):
+        good = flags_fn(A)[0]
+        width = owner.size // good.size
         out = np.ones(n_problems, dtype=np.bool_)
-        for j in range(L.shape[0]):
-            if not _all_finite(L[j]):
-                out[owner[j * size]] = False
+        for j in range(good.size):
+            if not good[j]:
+                out[owner[j * width]] = False
         return out
 
-    return blocks, key
-
-
-@_njit
-def _positive_diagonal(A, owner, n_problems):
-    out = np.ones(n_problems, dtype=np.bool_)
-    for i in range(A.size):
-        if not A[i] > 0:
-            out[owner[i]] = False
-    return out
+    return positive_definite, key
 
 
 # --- the loops of `_iterations`, closed over the problem's compiled functions ---------------------

@@ -114,7 +114,9 @@ def _stacked_structure(op: SolverOp) -> LinearStructure | None:
     static size of a single control (the block size); then the batch falls back to a loop.
     """
     structure = op.condition.structure
-    if structure.kind != "dense":
+    # A built from parts (a latent Gaussian) has no stacked form stated: like a dense A, the
+    # stack is block-diagonal, its blocks differentiated from F (the parts are not carried).
+    if structure.kind != "dense" and not op.condition.parts:
         return structure
     shapes = [x.type.shape for x in op.problem.inner_xs]
     # Stacked controls are contiguous per problem only when there is one control variable.

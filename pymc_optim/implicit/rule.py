@@ -45,6 +45,9 @@ class OptimalityCondition:
     symmetric : whether A = ∂F/∂x is symmetric (true for gradients of an objective).
     structure : the layout of A (dense, diagonal, block-diagonal), see
         :mod:`pymc_optim.linalg.structure`.
+    parts : inner expressions a structure builds A from instead of differentiating F (a latent
+        Gaussian's prior matrix and likelihood curvature,
+        :mod:`pymc_optim.linalg.latent_gaussian`); empty for the other structures.
     """
 
     xs: Sequence[TensorVariable]
@@ -52,6 +55,7 @@ class OptimalityCondition:
     residual: Sequence[TensorVariable]
     symmetric: bool
     structure: LinearStructure = LinearStructure()
+    parts: Sequence[TensorVariable] = ()
 
     def flat_residual(self) -> TensorVariable:
         return _concat_flat(self.residual)
@@ -60,7 +64,8 @@ class OptimalityCondition:
         """The same condition written on other variables (``xs`` and ``params`` substituted)."""
         replace = dict(zip([*self.xs, *self.params], [*xs, *params], strict=True))
         residual = graph_replace(list(self.residual), replace, strict=False)
-        return OptimalityCondition(xs, params, residual, self.symmetric, self.structure)
+        parts = graph_replace(list(self.parts), replace, strict=False) if self.parts else ()
+        return OptimalityCondition(xs, params, residual, self.symmetric, self.structure, parts)
 
     def residual_norm(self) -> TensorVariable:
         """‖F‖₂: what root-finding and fixed-point solvers report as their `value`."""
@@ -72,7 +77,7 @@ class OptimalityCondition:
 
     def jacobian(self) -> TensorVariable:
         """A = ∂F/∂x on the inner variables, in the compact form of `structure`."""
-        return self.structure.jacobian(self.flat_residual(), self.xs)
+        return self.structure.jacobian(self.flat_residual(), self.xs, *self.parts)
 
     def jacobian_matrix(self) -> TensorVariable:
         """A = ∂F/∂x as a dense (n, n) matrix on the inner variables."""

@@ -55,7 +55,7 @@ from pytensor.graph.op import Op
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_optim.linalg import _cholesky
-from pymc_optim.linalg.structure import LinearStructure, _concat_flat
+from pymc_optim.linalg.structure import LinearStructure, _concat_flat, _finite
 
 __all__ = [
     "SelectedInverseOp",
@@ -357,9 +357,17 @@ class SparseStructure(LinearStructure):
         return self.pattern.sample(precision, mean, noise)
 
     # --- numerical -----------------------------------------------------------------------------
-    def is_positive_definite_numpy(self, A: np.ndarray) -> bool:
-        """Whether the numeric Cholesky factorization of A succeeds (the Newton curvature check)."""
-        return self.pattern._factor(A)[0] is not None
+    def positive_definite(self, A) -> TensorVariable:
+        """One boolean: A is positive definite (its sparse log-determinant is finite)."""
+        return _finite(self.pattern.logdet(A))[None]
+
+    def positive_definite_numpy(self, A: np.ndarray) -> np.ndarray:
+        """One boolean: the numeric Cholesky factorization of A succeeds."""
+        return np.array([self.pattern._factor(A)[0] is not None])
+
+    @property
+    def compact_ndim(self) -> int:
+        return 1  # the values on the pattern
 
     def solve_numpy(self, A: np.ndarray, rhs: np.ndarray) -> np.ndarray:
         lx, symbolic = self.pattern._factor(A)

@@ -80,6 +80,17 @@ class LinearStructure:
         L = pt.linalg.cholesky(A)
         return 2.0 * pt.log(pt.diagonal(L, axis1=-2, axis2=-1)).sum()
 
+    def positive_definite(self, A: TensorVariable) -> TensorVariable:
+        """Whether A (compact form, symmetric) is positive definite, one boolean per independent
+        part of A: per diagonal entry, per block, or one for a dense A. NaN entries count as not
+        positive definite. The JAX and numba Newton loops compile this graph for their curvature
+        test at a minimum (see `positive_definite_numpy` for the numpy loop)."""
+        if self.kind == "diagonal":
+            return pt.gt(A, 0)
+        L = pt.linalg.cholesky(A, on_error="nan")
+        finite = pt.all(_finite(L), axis=(-2, -1))
+        return finite if self.kind == "block_diagonal" else finite[None]
+
     def sample_gaussian(self, mean, precision, noise) -> TensorVariable:
         """mean + P^{-1/2} ε: a draw of N(mean, P⁻¹) from standard normal `noise` (P = L Lᵀ,
         the draw solves Lᵀ v = ε)."""
@@ -105,6 +116,27 @@ class LinearStructure:
         if self.kind == "diagonal" and not np.all(A != 0):
             raise np.linalg.LinAlgError("singular diagonal system")
         return self.solve_array(A, rhs)
+
+    def positive_definite_numpy(self, A: np.ndarray) -> np.ndarray:
+        """`positive_definite` with numpy (Cholesky per block), for the numpy Newton loop."""
+        if self.kind == "diagonal":
+            return A > 0  # False for NaN
+        blocks = A if self.kind == "block_diagonal" else A[None]
+        good = np.all(np.isfinite(blocks), axis=(1, 2))
+        try:
+            np.linalg.cholesky(blocks)
+        except np.linalg.LinAlgError:
+            for j, block in enumerate(blocks):
+                try:
+                    np.linalg.cholesky(block)
+                except np.linalg.LinAlgError:
+                    good[j] = False
+        return good
+
+    @property
+    def compact_ndim(self) -> int:
+        """Dimensions of A in compact form (its inner graphs are typed with them)."""
+        return {"diagonal": 1, "dense": 2, "block_diagonal": 3}[self.kind]
 
 
 def as_linear_structure(structure, block_size=None, argument: str = "structure"):
@@ -178,6 +210,11 @@ class _FailSafeSolve(Solve):
         b = inputs[1]
         if outputs[0][0].shape != b.shape:
             outputs[0][0] = np.full(b.shape, np.nan, dtype=node.outputs[0].type.dtype)
+
+
+def _finite(x) -> TensorVariable:
+    """Element-wise: neither NaN nor ±inf (pytensor has no `isfinite`)."""
+    return pt.invert(pt.isnan(x) | pt.isinf(x))
 
 
 def _concat_flat(pieces) -> TensorVariable:

@@ -32,8 +32,10 @@ from pymc_optim.backends.packing import Packer
 from pymc_optim.graph.inner_graph import static_size
 from pymc_optim.implicit import OptimalityCondition
 from pymc_optim.linalg import detect
+from pymc_optim.linalg.latent_gaussian import LatentGaussianStructure
 from pymc_optim.linalg.structure import LinearStructure, as_linear_structure
 from pymc_optim.model.failure import apply_failure_policy, check_on_failure
+from pymc_optim.model.latent_gaussian import latent_gaussian_mode, latent_gaussian_structure
 from pymc_optim.problems.minimize import minimize
 
 __all__ = ["LaplaceInfo", "laplace_info", "marginalize_laplace", "recover_latent"]
@@ -187,9 +189,12 @@ def marginalize_laplace(
     _check_model(model, "model", "marginalize_laplace")
     check_on_failure(on_failure)
     latent_rvs = _check_latents(model, latent)
-    structure = _detect_hessian_structure(
-        model, latent_rvs, as_linear_structure(hessian_structure, block_size, "hessian_structure")
-    )
+    requested = as_linear_structure(hessian_structure, block_size, "hessian_structure")
+    structure = None
+    if requested == "auto" and method == "newton":  # H = Q + W when the prior is read
+        structure = latent_gaussian_structure(model, latent_rvs)
+    if structure is None:
+        structure = _detect_hessian_structure(model, latent_rvs, requested)
 
     fgraph, memo = fgraph_from_model(model, inlined_views=True)
     latent_fg = [memo[rv] for rv in latent_rvs]
@@ -228,18 +233,33 @@ def marginalize_laplace(
         terms.append(_logp(graph_replace(obs_rv, to_constrained, strict=False), data).sum())
     joint = pt.add(*terms)
 
-    z_star, success = minimize(
-        -joint,
-        z,
-        x0=x0,
-        method=method,
-        structure=structure,
-        block_size=structure.block_size,
-        optimizer_kwargs=optimizer_kwargs,
-    )
-    condition = OptimalityCondition([z], [], [grad(-joint, z)], symmetric=True, structure=structure)
+    if isinstance(structure, LatentGaussianStructure):
+        # H = Q + diag(w): Q (or the covariance K) read off the prior, w the likelihood's
+        # curvature by one reverse pass (exact: the likelihood's Hessian was found diagonal)
+        z_star, success, hessian = latent_gaussian_mode(
+            -joint,
+            -pt.add(*terms[len(latent_fg) :]),
+            z,
+            x0,
+            latent_fg[0].owner.inputs[0],
+            structure,
+            optimizer_kwargs,
+        )
+    else:
+        z_star, success = minimize(
+            -joint,
+            z,
+            x0=x0,
+            method=method,
+            structure=structure,
+            block_size=structure.block_size,
+            optimizer_kwargs=optimizer_kwargs,
+        )
+        condition = OptimalityCondition(
+            [z], [], [grad(-joint, z)], symmetric=True, structure=structure
+        )
+        hessian = graph_replace(condition.jacobian(), {z: z_star}, strict=False)
     at_mode = {z: z_star}
-    hessian = graph_replace(condition.jacobian(), at_mode, strict=False)
     d = x0.size
     marginal = (
         graph_replace(joint, at_mode, strict=False)

@@ -30,6 +30,7 @@ import scipy.stats
 from numpy.testing import assert_allclose
 
 import pymc_optim as pmo
+from pymc_optim.linalg.latent_gaussian import LatentGaussianStructure
 
 F64 = np.float64
 
@@ -856,14 +857,16 @@ def test_random_walk_latent_gives_the_exact_gaussian_marginal():
         assert_allclose(compiled.logp([np.log(s)]), expected, rtol=0, atol=1e-8)
 
 
-def test_auto_structure_of_a_random_walk_is_dense():
+def test_auto_structure_of_a_random_walk_is_prior_precision_plus_curvature():
+    """A random walk's H = Q + diag(w): Q read off the prior, the likelihood's W diagonal
+    (pymc_optim.model.latent_gaussian)."""
     with pm.Model() as model:
         s = pm.HalfNormal("s", F64(1.0))
         u = pm.GaussianRandomWalk(
             "u", sigma=s, init_dist=pm.Normal.dist(F64(0.0), F64(1.0)), shape=6
         )
         pm.Poisson("y", pm.math.exp(u), observed=np.arange(6))
-    assert _auto_structure(model, "u").kind == "dense"
+    assert _auto_structure(model, "u") == LatentGaussianStructure(form="precision")
 
 
 def test_auto_structure_matches_the_exact_marginal():

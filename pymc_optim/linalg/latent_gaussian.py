@@ -1,0 +1,215 @@
+"""H = Q(θ) + W(x, θ): a Gaussian latent's prior precision plus the likelihood's curvature.
+
+For a latent x with a Gaussian prior and observations whose log density is a sum of terms of
+single elements of x (an element-wise likelihood of a linear predictor), the Hessian of
+−log p(y, x | θ) is
+
+    H = Q + W,   Q = the prior precision (constant in x),   W = diag(w(x, θ)),
+
+so building H needs Q once per evaluation and w by one reverse pass, never the n reverse passes
+of a general dense Hessian. Two forms, as in Rasmussen & Williams (2006, Alg. 3.1–3.2) and Stan's
+embedded Laplace:
+
+* ``"precision"``: Q is read off the prior (ICAR, CAR, AR(1), random walk, MvNormal with
+  ``tau``): A = Q + diag(w) is formed densely and factorized by Cholesky.
+* ``"covariance"``: the prior gives a covariance K (MvNormal with ``cov`` or ``chol``, a GP): K
+  is never inverted. With S = W^½ and B = I + S K S (eigenvalues ≥ 1 whatever K's condition),
+
+      (K⁻¹ + W)⁻¹ r = K r − K S B⁻¹ S K r,     log det(K⁻¹ + W) = log det B − log det K.
+
+  This needs w ≥ 0 (a log-concave likelihood: Poisson, binomial, Gaussian);
+  ``marginalize_laplace`` checks it at random points when choosing the form. The positive
+  definiteness test and the draws use M = I + L_Kᵀ W L_K (K = L_K L_Kᵀ), which needs no sign
+  of w: K⁻¹ + W = L_K⁻ᵀ M L_K⁻¹, and a draw of N(m, (K⁻¹ + W)⁻¹) is m + L_K L_M⁻ᵀ ε. The compact
+  A is the (n + 1, n) array [K; wᵀ].
+
+The structure's `jacobian` builds A from two parts of the optimality condition
+(``OptimalityCondition.parts``): the prior matrix (Q or K) and w, written on the solver's inner
+variables; the residual F itself is not differentiated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytensor.tensor as pt
+import scipy.linalg
+from pytensor.tensor.variable import TensorVariable
+
+from pymc_optim.linalg.structure import LinearStructure, _finite
+
+__all__ = ["FORMS", "LatentGaussianStructure"]
+
+FORMS = ("precision", "covariance")
+
+
+@dataclass(frozen=True)
+class LatentGaussianStructure(LinearStructure):
+    """A = Q + diag(w) (``form="precision"``) or K⁻¹ + diag(w) with K kept (``"covariance"``).
+
+    Parameters
+    ----------
+    form : {"precision", "covariance"}
+        Whether the prior matrix part of A is the precision Q or the covariance K.
+
+    Examples
+    --------
+    A covariance-form system solved without inverting K, against the dense (K⁻¹ + W)⁻¹ r:
+
+    >>> import numpy as np
+    >>> from pymc_optim.linalg.latent_gaussian import LatentGaussianStructure
+    >>> K = np.array([[2.0, 0.5], [0.5, 1.0]]); w = np.array([0.3, 1.2]); r = np.array([1.0, -1.0])
+    >>> structure = LatentGaussianStructure(form="covariance")
+    >>> y = structure.solve_numpy(np.vstack([K, w]), r)
+    >>> bool(np.allclose(y, np.linalg.solve(np.linalg.inv(K) + np.diag(w), r)))
+    True
+    """
+
+    kind: str = "latent_gaussian"
+    block_size: int | None = None
+    form: str = "precision"
+
+    def __post_init__(self):
+        if self.kind != "latent_gaussian" or self.block_size is not None:
+            raise ValueError(
+                "`LatentGaussianStructure` takes `form` by keyword (its first fields are "
+                f"LinearStructure's `kind` and `block_size`); got kind={self.kind!r}, "
+                f"block_size={self.block_size!r}. Pass e.g. "
+                "`LatentGaussianStructure(form='covariance')`."
+            )
+        if self.form not in FORMS:
+            raise ValueError(
+                f"`form` must be one of {', '.join(map(repr, FORMS))}; got {self.form!r}."
+            )
+
+    @property
+    def compact_ndim(self) -> int:
+        return 2  # Q + diag(w), or [K; wᵀ]
+
+    # --- symbolic ------------------------------------------------------------------------------
+    def jacobian(self, F, xs, prior=None, curvature=None) -> TensorVariable:
+        """Compact A from the prior part (Q or K, (n, n)) and the curvature w ((n,))."""
+        if prior is None or curvature is None:
+            raise ValueError(
+                "`LatentGaussianStructure.jacobian` builds A from its parts, the prior matrix and "
+                "the likelihood curvature (`OptimalityCondition.parts`); got none. It is chosen "
+                "by `marginalize_laplace`, not passed as `structure=` of a solver."
+            )
+        prior = prior.astype("float64")
+        curvature = curvature.astype("float64")
+        if self.form == "precision":
+            return prior + pt.eye(curvature.shape[0], dtype="float64") * curvature[None, :]
+        return pt.concatenate([prior, curvature[None, :]], axis=0)
+
+    def solve(self, A, rhs, *, transposed: bool = False, symmetric: bool = True):
+        """A⁻¹ rhs (A is symmetric: `transposed` changes nothing); NaN where a Cholesky fails."""
+        if self.form == "precision":
+            return _cholesky_solve(pt.linalg.cholesky(A, on_error="nan"), rhs)
+        K, w = A[:-1], A[-1]
+        s = pt.sqrt(w)
+        t = K @ rhs
+        v = _cholesky_solve(pt.linalg.cholesky(_b_matrix(K, s), on_error="nan"), s * t)
+        return t - K @ (s * v)
+
+    def logdet_positive_definite(self, A) -> TensorVariable:
+        """log det A (NaN if A is not positive definite)."""
+        if self.form == "precision":
+            return _logdet_from_cholesky(pt.linalg.cholesky(A, on_error="nan"))
+        K, w = A[:-1], A[-1]
+        B = _b_matrix(K, pt.sqrt(w))
+        return _logdet_from_cholesky(pt.linalg.cholesky(B, on_error="nan")) - _logdet_from_cholesky(
+            pt.linalg.cholesky(K, on_error="nan")
+        )
+
+    def positive_definite(self, A) -> TensorVariable:
+        """One boolean: A (Q + W, or K⁻¹ + W through M = I + L_Kᵀ W L_K) is positive definite."""
+        if self.form == "precision":
+            L = pt.linalg.cholesky(A, on_error="nan")
+            return pt.all(_finite(L))[None]
+        K, w = A[:-1], A[-1]
+        L_K = pt.linalg.cholesky(K, on_error="nan")
+        L_M = pt.linalg.cholesky(_m_matrix(L_K, w), on_error="nan")
+        return (pt.all(_finite(L_K)) & pt.all(_finite(L_M)))[None]
+
+    def sample_gaussian(self, mean, precision, noise) -> TensorVariable:
+        """mean + v with v ~ N(0, A⁻¹), from standard normal `noise`."""
+        if self.form == "precision":
+            L = pt.linalg.cholesky(precision)
+            v = pt.linalg.solve_triangular(L.mT, noise[..., None], lower=False, b_ndim=2)
+            return mean + v[..., 0]
+        K, w = precision[:-1], precision[-1]
+        L_K = pt.linalg.cholesky(K)
+        L_M = pt.linalg.cholesky(_m_matrix(L_K, w))
+        u = pt.linalg.solve_triangular(L_M.mT, noise[..., None], lower=False, b_ndim=2)[..., 0]
+        return mean + L_K @ u
+
+    # --- numerical (the Newton loops) ----------------------------------------------------------
+    def solve_numpy(self, A: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+        """A⁻¹ rhs; raises numpy.linalg.LinAlgError when A (or B) is not positive definite."""
+        if self.form == "precision":
+            return scipy.linalg.cho_solve(_cho_factor(A), rhs, check_finite=False)
+        K, w = A[:-1], A[-1]
+        if not np.all(w >= 0):
+            raise np.linalg.LinAlgError("negative likelihood curvature: B = I + SKS undefined")
+        s = np.sqrt(w)
+        t = K @ rhs
+        B = np.eye(len(s)) + s[:, None] * K * s
+        v = scipy.linalg.cho_solve(_cho_factor(B), s * t, check_finite=False)
+        return t - K @ (s * v)
+
+    def solve_array(self, A, rhs, xp=np):
+        """A⁻¹ rhs with numpy or jax.numpy (JAX: NaN where a Cholesky factorization fails)."""
+        if xp is np:
+            return self.solve_numpy(A, rhs)
+        from jax.scipy.linalg import cho_solve
+
+        if self.form == "precision":
+            return cho_solve((xp.linalg.cholesky(A), True), rhs)
+        K, w = A[:-1], A[-1]
+        s = xp.sqrt(w)
+        t = K @ rhs
+        L = xp.linalg.cholesky(xp.eye(s.shape[0], dtype=K.dtype) + s[:, None] * K * s)
+        return t - K @ (s * cho_solve((L, True), s * t))
+
+    def positive_definite_numpy(self, A: np.ndarray) -> np.ndarray:
+        try:
+            if self.form == "precision":
+                _cho_factor(A)
+            else:
+                K, w = A[:-1], A[-1]
+                L_K = np.linalg.cholesky(_finite_or_raise(K))
+                _cho_factor(np.eye(len(w)) + L_K.T @ (w[:, None] * L_K))
+        except np.linalg.LinAlgError:
+            return np.array([False])
+        return np.array([True])
+
+
+def _b_matrix(K, s):
+    """B = I + S K S with S = diag(s)."""
+    return pt.eye(K.shape[0], dtype=K.dtype) + s[:, None] * K * s[None, :]
+
+
+def _m_matrix(L_K, w):
+    """M = I + L_Kᵀ W L_K."""
+    return pt.eye(L_K.shape[0], dtype=L_K.dtype) + L_K.mT @ (w[:, None] * L_K)
+
+
+def _cholesky_solve(L, rhs):
+    y = pt.linalg.solve_triangular(L, rhs[:, None], lower=True, b_ndim=2)
+    return pt.linalg.solve_triangular(L.mT, y, lower=False, b_ndim=2)[:, 0]
+
+
+def _logdet_from_cholesky(L):
+    return 2.0 * pt.log(pt.diagonal(L, axis1=-2, axis2=-1)).sum()
+
+
+def _finite_or_raise(A: np.ndarray) -> np.ndarray:
+    if not np.all(np.isfinite(A)):
+        raise np.linalg.LinAlgError("non-finite matrix")
+    return A
+
+
+def _cho_factor(A):
+    """scipy's Cholesky factor, LinAlgError when A is not positive definite (or not finite)."""
+    return scipy.linalg.cho_factor(_finite_or_raise(A), lower=True, check_finite=False)
