@@ -687,7 +687,7 @@ def _check_latents(model: pm.Model, latent) -> list[TensorVariable]:
                 "needs a continuous latent."
             )
         _check_static_size(model, rv)
-        if not _is_gaussian(rv):
+        if not _is_gaussian(rv, model):
             warnings.warn(
                 f"The prior of `{name}` ({type(rv.owner.op).__name__}) is not Gaussian: the "
                 "Laplace approximation may be poor. Check it against full NUTS.",
@@ -698,13 +698,20 @@ def _check_latents(model: pm.Model, latent) -> list[TensorVariable]:
     return out
 
 
-def _is_gaussian(rv) -> bool:
+def _is_gaussian(rv, model: pm.Model) -> bool:
+    """Whether the prior of `rv` is Gaussian given its parameters: a Gaussian distribution, or a
+    random walk / AR whose component distributions (init and innovations, the unregistered
+    ``.dist`` inputs) are; the model's own variables among its inputs are parameters (an
+    innovation scale ``sigma ~ HalfNormal``), not components."""
     kind = type(rv.owner.op).__name__
     if kind in _GAUSSIAN_PRIORS:
         return True
     if kind in _GAUSSIAN_IF_COMPONENTS_ARE:
+        parameters = set(model.basic_RVs)
         components = [
-            i for i in rv.owner.inputs if i.owner is not None and hasattr(i.owner.op, "ndim_supp")
+            i
+            for i in rv.owner.inputs
+            if i.owner is not None and hasattr(i.owner.op, "ndim_supp") and i not in parameters
         ]
         return all(type(c.owner.op).__name__ in _GAUSSIAN_PRIORS for c in components)
     return False

@@ -190,6 +190,22 @@ def test_gaussian_priors_do_not_warn(prior):
     assert np.isfinite(marginal.compile_logp()(marginal.initial_point()))
 
 
+@pytest.mark.parametrize("kind", ["GaussianRandomWalk", "AR"])
+def test_a_random_scale_of_the_innovations_is_a_parameter_not_a_component(kind):
+    # `sigma` is a model variable (HalfNormal) among the prior's inputs: a parameter of the
+    # Gaussian walk, not one of its component distributions (it used to warn "not Gaussian")
+    with pm.Model() as model:
+        sigma = pm.HalfNormal("sigma", 1.0)
+        if kind == "AR":
+            x = pm.AR("x", rho=[0.5], sigma=sigma, init_dist=pm.Normal.dist(), steps=3)
+        else:
+            x = pm.GaussianRandomWalk("x", sigma=sigma, init_dist=pm.Normal.dist(), steps=3)
+        pm.Normal("y", x, F64(1.0), observed=[0.1, -0.2, 0.3, 0.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pmo.PymcOptimWarning)
+        pmo.marginalize_laplace(model, "x")
+
+
 def test_a_random_walk_of_student_t_innovations_is_not_gaussian():
     with pm.Model() as model:
         innovations = pm.StudentT.dist(nu=F64(3.0))

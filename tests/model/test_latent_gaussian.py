@@ -92,10 +92,6 @@ def _newton_structures(fn):
     return [node.op.condition.structure for node in nodes if isinstance(node.op, NewtonOp)]
 
 
-# `_is_gaussian` (model/laplace.py) counts the hyperparameter `s` (a HalfNormal) among an AR's
-# or random walk's component distributions and warns "not Gaussian"; a bug of that check, not of
-# this path, reported to its owner.
-@pytest.mark.filterwarnings("ignore:The prior of `f` .* is not Gaussian")
 @pytest.mark.parametrize("kind", list(PRIORS))
 def test_marginal_equals_the_general_path_and_takes_the_fast_one(kind):
     model = _model(kind)
