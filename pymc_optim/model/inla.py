@@ -12,10 +12,18 @@ import pytensor
 import pytensor.tensor as pt
 from pytensor.gradient import grad
 from pytensor.graph.replace import graph_replace, vectorize_graph
+from pytensor.graph.traversal import ancestors
 from scipy.special import logsumexp
 
 from pymc_optim._warnings import PymcOptimWarning
-from pymc_optim.model.laplace import marginalize_laplace, recover_latent
+from pymc_optim.model.laplace import (
+    LaplaceMarginal,
+    _initial_mode,
+    _recover,
+    _store_recovered,
+    _warm_started,
+    marginalize_laplace,
+)
 
 __all__ = ["fit_inla", "plot_inla_marginals"]
 
@@ -347,6 +355,8 @@ class _Target:
     constrained_names: list
     constrained_shapes: list
     start: np.ndarray
+    cold_start: np.ndarray
+    x0: np.ndarray = None
     n_evaluations: int = 0
     progress: object = None
 
@@ -378,7 +388,21 @@ class _Target:
         pieces = _split(theta, shapes, [v.dtype for v in values])
         replace = dict(zip(values, pieces, strict=True))
         logp = graph_replace(marginal_model.logp(jacobian=True), replace, strict=False)
-        fn = pytensor.function([theta], [logp, grad(logp, theta)])
+        # One compiled function serves the whole fit: log p(θ, y), its gradient, and the inner
+        # mode, H and success that the latent draws need (already part of the marginal's graph,
+        # so they cost no extra compilation), with the inner solve started at `start`.
+        (marker,) = [
+            v.owner
+            for v in ancestors([logp])
+            if v.owner is not None and isinstance(v.owner.op, LaplaceMarginal)
+        ]
+        start_var = marker.inputs[1].type("start")
+        logp, mode, hessian, success = _warm_started(
+            [logp, *marker.inputs[1:4]], marker.inputs[1], start_var
+        )
+        fn = pytensor.function(
+            [theta, start_var], [logp, grad(logp, theta), mode, hessian, success]
+        )
 
         # constrained values of the hyperparameters and of the deterministics of θ, batched
         wanted = {rv.name for rv in marginal_model.free_RVs} | {
@@ -402,12 +426,24 @@ class _Target:
             constrained_names=names,
             constrained_shapes=constrained_shapes,
             start=start,
+            cold_start=_initial_mode(marker),
+            x0=_initial_mode(marker),
         )
 
-    def value_and_grad(self, x):
+    def evaluate(self, x):
+        """log p(θ, y), its gradient, the inner mode, H and success at `x`; the inner solve
+        starts at the last successful mode (a few Newton steps instead of ~10)."""
         self.n_evaluations += 1
-        logp, gradient = self.fn(np.asarray(x, dtype="float64"))
-        return float(logp), np.asarray(gradient)
+        logp, gradient, mode, hessian, success = self.fn(np.asarray(x, dtype="float64"), self.x0)
+        if np.all(success):
+            self.x0 = mode
+        else:
+            self.x0 = self.cold_start
+        return float(logp), np.asarray(gradient), mode, hessian, success
+
+    def value_and_grad(self, x):
+        logp, gradient, *_ = self.evaluate(x)
+        return logp, gradient
 
     def log_density(self, points) -> np.ndarray:
         """log p(θ, y) (up to a constant) at each row of `points`; −inf where not finite."""
@@ -744,7 +780,23 @@ def _posterior(model, marginal_model, target, theta_draws, rng, progressbar):
                 dims[name] = list(model.named_vars_to_dims[name])
     coords = {k: np.asarray(v) for k, v in model.coords.items() if v is not None}
     idata = az.from_dict(posterior=posterior, dims=dims, coords=coords)
-    idata = recover_latent(marginal_model, idata, random_seed=rng, progressbar=progressbar)
+    # The latent draws: at each θ draw, the mode and H from the target's own compiled function
+    # (no second compilation of the marginal), visiting the draws in order of their position
+    # along the posterior's main axis so that each inner solve starts near its mode; the draws
+    # keep their random order in the posterior.
+    order = np.argsort(theta_draws @ np.linalg.svd(theta_draws - theta_draws.mean(0))[2][0])
+    hyper = [
+        np.asarray(idata.posterior[rv.name].values, dtype=rv.type.dtype)
+        for rv in marginal_model.free_RVs
+    ]
+
+    def solve(draw, point, start):
+        target.x0 = start
+        _, _, mode, hessian, success = target.evaluate(theta_draws[draw])
+        return mode, hessian, success
+
+    per_chain = _recover(marginal_model, solve, hyper, rng, progressbar, order=order)
+    _store_recovered(marginal_model, idata.posterior, per_chain)
     if model.deterministics:
         idata.posterior = pm.compute_deterministics(
             idata.posterior, model=model, merge_dataset=True, progressbar=False
