@@ -869,13 +869,19 @@ def _weighted_quantiles(values, weights, probabilities, bandwidth=0.0):
     if bandwidth <= 0 or not np.isfinite(bandwidth):
         cdf = np.cumsum(w) - 0.5 * w
         return np.interp(probabilities, cdf, v)
-    keep = w > 1e-12 * w.max()  # points that cannot move a quantile by a rounding unit
-    v, w = v[keep], w[keep]
-    t = np.linspace(v[0] - 4 * bandwidth, v[-1] + 4 * bandwidth, 4001)
-    cdf = np.empty_like(t)
-    for start in range(0, len(t), 500):  # bounded memory: 500 x n at a time
-        chunk = t[start : start + 500]
-        cdf[start : start + 500] = ndtr((chunk[:, None] - v[None]) / bandwidth) @ w
+    # The smoothed CDF on a lattice of step bandwidth/10: the weights binned to its nodes (each
+    # point moves by at most bandwidth/20, a 2.5% shift of its kernel), convolved with the
+    # kernel's mass per node, then summed. O(nodes · 160) instead of O(nodes · points).
+    step = bandwidth / 10
+    t = np.arange(v[0] - 8 * bandwidth, v[-1] + 8 * bandwidth + step, step)
+    if len(t) > 2_000_000:  # a bandwidth far below the spread: the kernel is negligible
+        cdf = np.cumsum(w) - 0.5 * w
+        return np.interp(probabilities, cdf, v)
+    mass = np.bincount(np.rint((v - t[0]) / step).astype(np.int64), weights=w, minlength=len(t))
+    offsets = np.arange(-80, 81) * step  # ±8 kernel sds
+    kernel = np.diff(ndtr(np.append(offsets - step / 2, offsets[-1] + step / 2) / bandwidth))
+    smoothed = np.convolve(mass[: len(t)], kernel / kernel.sum(), mode="same")
+    cdf = np.cumsum(smoothed) - 0.5 * smoothed
     return np.interp(probabilities, cdf, t)
 
 
