@@ -13,6 +13,7 @@ import pytensor.tensor as pt
 from pytensor.gradient import grad
 from pytensor.graph.replace import graph_replace, vectorize_graph
 from pytensor.graph.traversal import ancestors
+from pytensor.ifelse import ifelse
 from scipy.special import logsumexp
 
 from pymc_optim._warnings import PymcOptimWarning
@@ -405,8 +406,13 @@ class _Target:
         logp, mode, hessian, success = _warm_started(
             [logp, *marker.inputs[1:4]], marker.inputs[1], start_var
         )
+        # The gradient (the implicit pullback, several times the cost of the solve itself) only
+        # where the mode search and the Hessian need it: a lazy branch, skipped on the grid, the
+        # design points and the latent draws.
+        with_gradient = pt.scalar("with_gradient", dtype="bool")
+        gradient = ifelse(with_gradient, grad(logp, theta), pt.zeros_like(theta))
         fn = pytensor.function(
-            [theta, start_var], [logp, grad(logp, theta), mode, hessian, success]
+            [theta, start_var, with_gradient], [logp, gradient, mode, hessian, success]
         )
 
         # constrained values of the hyperparameters and of the deterministics of θ, batched
@@ -435,11 +441,14 @@ class _Target:
             x0=_initial_mode(marker),
         )
 
-    def evaluate(self, x):
-        """log p(θ, y), its gradient, the inner mode, H and success at `x`; the inner solve
-        starts at the last successful mode (a few Newton steps instead of ~10)."""
+    def evaluate(self, x, with_gradient: bool = True):
+        """log p(θ, y), its gradient (zeros unless `with_gradient`), the inner mode, H and
+        success at `x`; the inner solve starts at the last successful mode (a few Newton steps
+        instead of ~10)."""
         self.n_evaluations += 1
-        logp, gradient, mode, hessian, success = self.fn(np.asarray(x, dtype="float64"), self.x0)
+        logp, gradient, mode, hessian, success = self.fn(
+            np.asarray(x, dtype="float64"), self.x0, with_gradient
+        )
         if np.all(success):
             self.x0 = mode
         else:
@@ -455,7 +464,7 @@ class _Target:
         points = np.atleast_2d(points)
         out = np.empty(len(points))
         for i, x in enumerate(points):
-            out[i] = self.value_and_grad(x)[0]
+            out[i] = self.evaluate(x, with_gradient=False)[0]
             if self.progress is not None:
                 self.progress.advance()
         out[~np.isfinite(out)] = -np.inf
@@ -797,7 +806,7 @@ def _posterior(model, marginal_model, target, theta_draws, rng, progressbar):
 
     def solve(draw, point, start):
         target.x0 = start
-        _, _, mode, hessian, success = target.evaluate(theta_draws[draw])
+        _, _, mode, hessian, success = target.evaluate(theta_draws[draw], with_gradient=False)
         return mode, hessian, success
 
     per_chain = _recover(marginal_model, solve, hyper, rng, progressbar, order=order)
