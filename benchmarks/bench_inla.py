@@ -37,6 +37,19 @@ warm-started solve per draw"):
 | Poisson G=300 | NUTS, marginal | 227.5 | 15.8x | 0.093 | 0.035 |
 | Poisson G=300 | NUTS, full (non-centered) | 64.3 | 4.5x | 0.025 | 0.011 |
 
+Seeds (``--quick``: reference 4 x 1,000 full NUTS draws, so its errors are rough; same day,
+load ~11):
+
+| problem | method | wall time (s) | time / fit_inla's | max mean error (sd) | max sd error (sd) |
+|---|---|---|---|---|---|
+| Seeds | fit_inla (grid) | 67.8 | 1.0x | 0.044 | 0.115 |
+| Seeds | NUTS, marginal | 320.2 | 4.7x | 0.017 | 0.074 |
+| Seeds | NUTS, full (non-centered) | 48.2 | 0.7x | 0.079 | 0.199 |
+
+On Seeds (25 dense latents) compilation dominates fit_inla: under load, ~17 s for the structure
+probe, ~50 s for the target and ~17 s for the inner Newton system, whose dense Hessians are
+vectorized reverse passes that PyTensor's rewriter is slow on.
+
 The run before (same load): fit_inla 64.0 s, 2.6x faster than NUTS on the marginal and 0.5x
 full NUTS. fit_inla and NUTS on the marginal share the same mean error (~0.1 sd of mu or sigma):
 it is the Laplace approximation's, not the integration's. What is left of fit_inla's time is
