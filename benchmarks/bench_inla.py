@@ -27,19 +27,36 @@ For fit_inla the mean and sd are the integration's (``idata.inla``), not those o
 All contenders run after a warm-up fit of the same sizes, so PyTensor's compilation cache is
 equally warm for everyone (a first-ever run adds C compilation to every column).
 
-Last run (2026-12-01, 2 cores shared with ~6 other jobs, load average ~10; Poisson only):
+Last run (2026-12-01, 2 cores shared with ~6 other jobs, load average ~11; Poisson only), after
+the warm-started solves and the single compiled target (commit "recover_latent and fit_inla: one
+warm-started solve per draw"):
 
 | problem | method | wall time (s) | time / fit_inla's | max mean error (sd) | max sd error (sd) |
 |---|---|---|---|---|---|
-| Poisson G=300 | fit_inla (grid) | 64.0 | 1.0x | 0.101 | 0.020 |
-| Poisson G=300 | NUTS, marginal | 166.7 | 2.6x | 0.093 | 0.035 |
-| Poisson G=300 | NUTS, full (non-centered) | 32.3 | 0.5x | 0.025 | 0.011 |
+| Poisson G=300 | fit_inla (grid) | 14.4 | 1.0x | 0.101 | 0.020 |
+| Poisson G=300 | NUTS, marginal | 227.5 | 15.8x | 0.093 | 0.035 |
+| Poisson G=300 | NUTS, full (non-centered) | 64.3 | 4.5x | 0.025 | 0.011 |
 
-fit_inla and NUTS on the marginal share the same mean error (~0.1 sd of mu or sigma): it is the
-Laplace approximation's, not the integration's. fit_inla's time is dominated by fixed costs
-(marginalize_laplace ~9 s, and recover_latent's batched compile, ~36 s for 1,000 draws when
-timed alone), not by its ~540 marginal evaluations (~3 ms each). Seeds was not timed: its
-recover_latent (25 coupled latents, dense) spent > 15 minutes building its graph.
+Seeds (``--quick``: reference 4 x 1,000 full NUTS draws, so its errors are rough; same day,
+load ~11):
+
+| problem | method | wall time (s) | time / fit_inla's | max mean error (sd) | max sd error (sd) |
+|---|---|---|---|---|---|
+| Seeds | fit_inla (grid) | 67.8 | 1.0x | 0.044 | 0.115 |
+| Seeds | NUTS, marginal | 320.2 | 4.7x | 0.017 | 0.074 |
+| Seeds | NUTS, full (non-centered) | 48.2 | 0.7x | 0.079 | 0.199 |
+
+On Seeds (25 dense latents) compilation dominates fit_inla: under load, ~17 s for the structure
+probe, ~50 s for the target and ~17 s for the inner Newton system, whose dense Hessians are
+vectorized reverse passes that PyTensor's rewriter is slow on.
+
+The run before (same load): fit_inla 64.0 s, 2.6x faster than NUTS on the marginal and 0.5x
+full NUTS. fit_inla and NUTS on the marginal share the same mean error (~0.1 sd of mu or sigma):
+it is the Laplace approximation's, not the integration's. What is left of fit_inla's time is
+mostly compilation: a profile under the same load gives ~60 % to compiling the one target
+function (log p(θ, y), its gradient, the inner mode and H) and its inner Newton functions; the
+~1,400 evaluations (mode search, grid, 1,000 latent draws) take 3.3 Newton systems each with the
+warm start (9 from the initial point before).
 
 Targets (issue 16): fit_inla ≥ 20x faster than full NUTS and ≥ 5x faster than NUTS on the
 marginal at G = 300, with means within 0.1 posterior sd of the reference.
