@@ -1,4 +1,6 @@
-"""The latent-Gaussian path of `marginalize_laplace` (`pymc_optim.model.latent_gaussian`).
+"""The latent-Gaussian path of `marginalize_laplace` (`pymc_optim.model.latent_gaussian`; the
+file's name differs from tests/linalg/test_latent_gaussian.py's because pytest imports test
+modules by their basename).
 
 On every prior it reads, the marginal (value and gradient, as `pm.sample` compiles them) must
 equal the general graph-derived Hessian's (``hessian_structure="dense"``) to 1e-8 (the issue's
