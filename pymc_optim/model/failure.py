@@ -160,6 +160,10 @@ class CountFailures(Op):
     """
 
     __props__ = ("label",)
+    # the output is the input's buffer: declared, so that no inplace Op overwrites it (which
+    # changed the solver's own `success` output: a compiled function returned success=False for
+    # a solve its log density had accepted)
+    view_map = {0: [0]}
 
     def __init__(self, label: str):
         self.label = label
