@@ -135,9 +135,9 @@ def minimize(
         Boolean scalar: scipy reported convergence *and* x* is a strict minimum: the Hessian
         there is positive definite, its smallest eigenvalue above 1.5e-8 of its scale (a saddle
         or a maximum, where the gradient vanishes too, is a failure, and so is a flat direction,
-        where x* has no implicit derivative). The check costs one Hessian at x* (in the compact form of
-        `structure`) and one Cholesky factorization; it is skipped when the objective's
-        gradient cannot be built.
+        where x* has no implicit derivative). The check costs one Hessian at x* (in the
+        compact form of `structure`) and one Cholesky factorization; it is skipped when the
+        objective's gradient cannot be built.
 
     Raises
     ------
