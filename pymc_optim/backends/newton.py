@@ -9,6 +9,8 @@ rule.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytensor.tensor as pt
 from pytensor.graph.basic import Apply
@@ -49,6 +51,10 @@ class NewtonOp(SolverOp):
         The leading dimensions of every control that index independent problems (a native
         batch, :mod:`pymc_optim.backends.vectorize`): the merit then has the batch's shape (one
         value per problem) and `success` and the counters are reported per problem, batch-shaped.
+    warm_start : bool, default False
+        Start each solve from the last successful solution of this Op in this thread instead of
+        x0 (see `warm_start_point`); :func:`pymc_optim.marginalize_laplace` turns it on. Only
+        the default (numpy) backend keeps that state; JAX and numba start from x0.
     """
 
     method = "newton"
@@ -65,8 +71,10 @@ class NewtonOp(SolverOp):
         max_iter: int,
         n_extras: int = 0,
         batch_ndim: int = 0,
+        warm_start: bool = False,
     ):
         super().__init__(problem, condition=condition, n_extras=n_extras)
+        self.warm_start = warm_start
         self.merit = merit
         self._value = value
         self.minimization = minimization
@@ -104,27 +112,83 @@ class NewtonOp(SolverOp):
     def solve(self, fns, x0s, params, extras):
         packer = Packer(x0s)
         system_fn, merit_fn = direct_call(fns["system"]), direct_call(fns["merit"])
+        single = len(x0s) == 1 and np.ndim(x0s[0]) == 1 and np.result_type(x0s[0]) == "float64"
 
-        def system(z):
-            m, F, A = system_fn(*packer.unpack(z), *params)
-            return np.reshape(m, -1), F, A
+        if single:  # one flat float64 control (a Laplace marginal's): z is x, nothing to unpack
 
-        def merit(z):
-            return np.reshape(merit_fn(*packer.unpack(z), *params)[0], -1)
+            def system(z):
+                m, F, A = system_fn(z, *params)
+                return np.reshape(m, -1), F, A
 
-        z, success, n_iterations, n_evaluations = _iterations.newton(
-            system,
-            merit,
-            packer.pack(x0s),
-            structure=self.condition.structure,
-            minimization=self.minimization,
-            tol=self.tol,
-            max_iter=self.max_iter,
-            rows=problem_rows([np.size(x0) for x0 in x0s], self.diagnostics_shape(x0s)),
-        )
+            def merit(z):
+                return np.reshape(merit_fn(z, *params)[0], -1)
+        else:
+
+            def system(z):
+                m, F, A = system_fn(*packer.unpack(z), *params)
+                return np.reshape(m, -1), F, A
+
+            def merit(z):
+                return np.reshape(merit_fn(*packer.unpack(z), *params)[0], -1)
+
         shape = self.diagnostics_shape(x0s)
-        diagnostics = [np.reshape(v, shape) for v in (success, n_iterations, n_evaluations)]
-        return packer.unpack(z), *diagnostics
+        rows = None
+        if shape:
+            rows = problem_rows([np.size(x0) for x0 in x0s], shape)
+
+        def run(z0):
+            return _iterations.newton(
+                system,
+                merit,
+                z0,
+                structure=self.condition.structure,
+                minimization=self.minimization,
+                tol=self.tol,
+                max_iter=self.max_iter,
+                rows=rows,
+            )
+
+        z0 = packer.pack(x0s)
+        start = self.warm_start_point(z0) if self.warm_start else None
+        if start is None:
+            z, success, n_iterations, n_evaluations = run(z0)
+        else:
+            z, success, n_iterations, n_evaluations = run(start)
+            if not success.all():  # the cold start decides; the counters include both solves
+                z, success, more_iterations, more_evaluations = run(z0)
+                n_iterations = n_iterations + more_iterations
+                n_evaluations = n_evaluations + more_evaluations
+        if self.warm_start and success.all():
+            self._warm_starts()[threading.get_ident()] = np.array(z, dtype="float64", copy=True)
+        success, n_iterations, n_evaluations = (
+            np.reshape(v, shape) for v in (success, n_iterations, n_evaluations)
+        )
+        return packer.unpack(z), success, n_iterations, n_evaluations
+
+    def warm_start_point(self, z0: np.ndarray) -> np.ndarray | None:
+        """Where a warm solve starts: the last successful solution of this Op in this thread,
+        if it has z0's shape and is finite; None (start at z0) otherwise.
+
+        The solution is stored as a copy (the outer graph may work in place on the Op's output
+        buffers) and only after a successful solve, so it is always a converged mode of some
+        earlier parameters. The solve from there must meet the same stopping rule as a cold
+        one (max|F| ≤ tol, or a negligible full step), and a failed warm solve is repeated from
+        z0, so the result depends on the start only through where, inside that tolerance, the
+        iterations stop.
+        """
+        start = self._warm_starts().get(threading.get_ident())
+        if start is None or start.shape != np.shape(z0) or not np.isfinite(start).all():
+            return None
+        return start
+
+    def _warm_starts(self) -> dict:
+        """Thread id → last successful solution (not pickled: it belongs to this process)."""
+        return self.__dict__.setdefault("_warm", {})
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state.pop("_warm", None)
+        return state
 
 
 def direct_call(fn):
