@@ -110,11 +110,11 @@ class NewtonOp(SolverOp):
         return {"system": ([], system), "merit": ([], [self.merit])}
 
     def solve(self, fns, x0s, params, extras):
-        packer = Packer(x0s)
-        system_fn, merit_fn = direct_call(fns["system"]), direct_call(fns["merit"])
-        single = len(x0s) == 1 and np.ndim(x0s[0]) == 1 and np.result_type(x0s[0]) == "float64"
-
-        if single:  # one flat float64 control (a Laplace marginal's): z is x, nothing to unpack
+        system_fn, merit_fn = self._direct_call(fns["system"]), self._direct_call(fns["merit"])
+        x0 = x0s[0]
+        if len(x0s) == 1 and isinstance(x0, np.ndarray) and x0.ndim == 1 and x0.dtype == "f8":
+            # one flat float64 control (a Laplace marginal's): z is x, nothing to (un)pack
+            z0, unpack = x0, None
 
             def system(z):
                 m, F, A = system_fn(z, *params)
@@ -123,13 +123,15 @@ class NewtonOp(SolverOp):
             def merit(z):
                 return np.reshape(merit_fn(z, *params)[0], -1)
         else:
+            packer = Packer(x0s)
+            z0, unpack = packer.pack(x0s), packer.unpack
 
             def system(z):
-                m, F, A = system_fn(*packer.unpack(z), *params)
+                m, F, A = system_fn(*unpack(z), *params)
                 return np.reshape(m, -1), F, A
 
             def merit(z):
-                return np.reshape(merit_fn(*packer.unpack(z), *params)[0], -1)
+                return np.reshape(merit_fn(*unpack(z), *params)[0], -1)
 
         shape = self.diagnostics_shape(x0s)
         rows = None
@@ -148,7 +150,6 @@ class NewtonOp(SolverOp):
                 rows=rows,
             )
 
-        z0 = packer.pack(x0s)
         start = self.warm_start_point(z0) if self.warm_start else None
         if start is None:
             z, success, n_iterations, n_evaluations = run(z0)
@@ -163,7 +164,17 @@ class NewtonOp(SolverOp):
         success, n_iterations, n_evaluations = (
             np.reshape(v, shape) for v in (success, n_iterations, n_evaluations)
         )
-        return packer.unpack(z), success, n_iterations, n_evaluations
+        return ([z] if unpack is None else unpack(z)), success, n_iterations, n_evaluations
+
+    def _direct_call(self, fn):
+        """`direct_call(fn)`, made once per compiled function (it holds fn's storage cells)."""
+        if getattr(fn, "vm", None) is None:  # e.g. the trace recorder's wrappers, new per solve
+            return fn
+        cache = self.__dict__.setdefault("_direct", {})
+        hit = cache.get(id(fn))
+        if hit is None or hit[0] is not fn:
+            hit = cache[id(fn)] = (fn, direct_call(fn))
+        return hit[1]
 
     def warm_start_point(self, z0: np.ndarray) -> np.ndarray | None:
         """Where a warm solve starts: the last successful solution of this Op in this thread,
@@ -188,6 +199,7 @@ class NewtonOp(SolverOp):
     def __getstate__(self):
         state = super().__getstate__()
         state.pop("_warm", None)
+        state.pop("_direct", None)
         return state
 
 
