@@ -58,6 +58,8 @@ class NewtonOp(SolverOp):
     """
 
     method = "newton"
+    #: With `warm_start`: extrapolate along the last two solutions (`warm_start_point`).
+    predictor = True
 
     def __init__(
         self,
@@ -150,7 +152,7 @@ class NewtonOp(SolverOp):
                 rows=rows,
             )
 
-        start = self.warm_start_point(z0) if self.warm_start else None
+        start = self.warm_start_point(z0, params) if self.warm_start else None
         if start is None:
             z, success, n_iterations, n_evaluations = run(z0)
         else:
@@ -160,7 +162,9 @@ class NewtonOp(SolverOp):
                 n_iterations = n_iterations + more_iterations
                 n_evaluations = n_evaluations + more_evaluations
         if self.warm_start and success.all():
-            self._warm_starts()[threading.get_ident()] = np.array(z, dtype="float64", copy=True)
+            history = self._warm_starts().setdefault(threading.get_ident(), [])
+            history.append((_theta(params), np.array(z, dtype="float64", copy=True)))
+            del history[:-2]
         success, n_iterations, n_evaluations = (
             np.reshape(v, shape) for v in (success, n_iterations, n_evaluations)
         )
@@ -176,24 +180,42 @@ class NewtonOp(SolverOp):
             hit = cache[id(fn)] = (fn, direct_call(fn))
         return hit[1]
 
-    def warm_start_point(self, z0: np.ndarray) -> np.ndarray | None:
+    def warm_start_point(self, z0: np.ndarray, params=()) -> np.ndarray | None:
         """Where a warm solve starts: the last successful solution of this Op in this thread,
-        if it has z0's shape and is finite; None (start at z0) otherwise.
+        if it has z0's shape and is finite; None (start at z0) otherwise. With two stored
+        solutions (and `predictor` on), it is moved along their secant by the projection of the
+        step in the parameters on their step: a sampler's trajectory is nearly straight, so
+        this follows x*(θ) to first order along it.
 
-        The solution is stored as a copy (the outer graph may work in place on the Op's output
-        buffers) and only after a successful solve, so it is always a converged mode of some
-        earlier parameters. The solve from there must meet the same stopping rule as a cold
-        one (max|F| ≤ tol, or a negligible full step), and a failed warm solve is repeated from
-        z0, so the result depends on the start only through where, inside that tolerance, the
-        iterations stop.
+        Solutions are stored as copies (the outer graph may work in place on the Op's output
+        buffers) and only after a successful solve, so the start is always a converged mode of
+        some earlier parameters (or its extrapolation). The solve from there must meet the same
+        stopping rule as a cold one (max|F| ≤ tol, or a negligible full step), and a failed
+        warm solve is repeated from z0, so the result depends on the start only through where,
+        inside that tolerance, the iterations stop.
         """
-        start = self._warm_starts().get(threading.get_ident())
-        if start is None or start.shape != np.shape(z0) or not np.isfinite(start).all():
+        history = self._warm_starts().get(threading.get_ident())
+        if not history:
             return None
+        theta_1, start = history[-1]
+        if start.shape != np.shape(z0) or not np.isfinite(start).all():
+            return None
+        if len(history) == 2 and self.predictor:
+            theta_0, previous = history[0]
+            theta = _theta(params)
+            if theta.shape == theta_1.shape == theta_0.shape:
+                step = theta_1 - theta_0
+                length = float(step @ step)
+                if length > 0:
+                    along = float((theta - theta_1) @ step) / length
+                    predicted = start + min(max(along, -1.0), 2.0) * (start - previous)
+                    if np.isfinite(predicted).all():
+                        return predicted
         return start
 
     def _warm_starts(self) -> dict:
-        """Thread id → last successful solution (not pickled: it belongs to this process)."""
+        """Thread id → the last two successful solves, (θ, x*) each (not pickled: they belong to
+        this process)."""
         return self.__dict__.setdefault("_warm", {})
 
     def __getstate__(self):
@@ -201,6 +223,12 @@ class NewtonOp(SolverOp):
         state.pop("_warm", None)
         state.pop("_direct", None)
         return state
+
+
+def _theta(params) -> np.ndarray:
+    """The continuous parameters as one float64 vector (the warm start's secant works on it)."""
+    floats = [np.ravel(p) for p in params if np.asarray(p).dtype.kind == "f"]
+    return np.concatenate(floats) if floats else np.zeros(0)
 
 
 def direct_call(fn):

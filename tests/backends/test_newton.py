@@ -271,15 +271,16 @@ def test_laplace_warm_start_falls_back_to_the_cold_start():
     op = newton_node(warm).op
     theta = theta_point(warm, 0.4, np.log(0.6))
     stored = op._warm_starts()
-    stored[threading.get_ident()] = np.full(30, 800.0)
+    bad = [(np.zeros(3), np.full(30, 800.0))]  # one stored solve: no secant, this start
+    stored[threading.get_ident()] = list(bad)
     ok, iterations, evaluations = c_warm(*theta.values())
     ok_cold, it_cold, ev_cold = c_cold(*theta.values())
     assert ok and ok_cold
     assert iterations == it_cold and evaluations == ev_cold + 1  # the failed start: 1 evaluation
-    stored[threading.get_ident()] = np.full(30, 800.0)
+    stored[threading.get_ident()] = list(bad)
     assert f_warm(theta) == f_cold(theta)
-    # a successful solve replaced the stored start by its (finite) mode
-    assert np.all(np.abs(stored[threading.get_ident()]) < 10)
+    # a successful solve stored its (finite) mode
+    assert np.all(np.abs(stored[threading.get_ident()][-1][1]) < 10)
 
 
 def test_laplace_warm_start_state_is_not_pickled():
@@ -355,3 +356,17 @@ def test_newton_converges_when_the_merit_is_a_long_sum():
     results = np.array([count(*theta) for theta in draws])
     assert results[:, 0].all(), f"{(~results[:, 0].astype(bool)).sum()} of 200 solves failed"
     assert results[:, 1].max() <= 8  # quadratic convergence from u = 0, no long line searches
+
+
+def test_laplace_warm_start_follows_a_straight_path():
+    """Along equally spaced θ on a line (a leapfrog trajectory's shape), the start moved along
+    the last two modes' secant needs fewer Newton steps than the last mode itself."""
+    path = [(0.3 + 0.02 * k, np.log(0.6) + 0.03 * k) for k in range(6)]
+    iterations = {}
+    for predictor in (True, False):
+        warm = pmo.marginalize_laplace(poisson_intercepts(), "u")
+        newton_node(warm).op.predictor = predictor
+        count = counters(warm)
+        iterations[predictor] = [int(count(*theta)[1]) for theta in path]
+    assert iterations[True][:2] == iterations[False][:2]  # no secant before two solves
+    assert sum(iterations[True][2:]) < sum(iterations[False][2:])
