@@ -124,7 +124,8 @@ def newton_counts(model, fn, points):
             fn(p)
     finally:
         del op.solve
-    return op, np.mean(counts, axis=0) if counts else (np.nan, np.nan)
+    # under NUMBA the loop is compiled and never calls `solve`: no counts (shown blank)
+    return op, np.mean(counts, axis=0) if counts else ("", "")
 
 
 def breakdown(op, fn, points, calls):
