@@ -1,48 +1,46 @@
 """Cost of one Laplace-marginal logp+gradient against one full-model logp+gradient (issue 14).
 
-Run ``python benchmarks/bench_laplace_call.py`` (about two minutes on 2 cores; ``--quick`` for a
-smoke run). A script, not a test: it prints one markdown table and exits 0 whatever the timings.
+Run ``python benchmarks/bench_laplace_call.py`` (about a minute on 2 cores; ``--quick`` for a
+smoke run). A script, not a test: it prints markdown tables and exits 0 whatever the timings.
 
 Poisson random intercepts (the model of ``bench_laplace.py``): G = 300 groups, 5 counts each,
 ``mu ~ N(0, 2)``, ``sigma ~ HalfNormal(1)``, ``u_g ~ N(0, sigma)``, ``y ~ Poisson(exp(mu + u))``;
-the marginal is ``pmo.marginalize_laplace(model, "u", hessian_structure="diagonal")``.
+the marginal is ``pmo.marginalize_laplace(model, "u", hessian_structure="diagonal")``, once with
+``warm_start=True`` (the default) and once with ``warm_start=False``.
 
-For each backend (C = pytensor's default mode, NUMBA = what nutpie compiles) it times
-``model.logp_dlogp_function(ravel_inputs=True)`` of the marginal and of the full (centered)
-model at the same 20 points of θ (near the posterior, jittered), calls interleaved, and reports
-the minimum over repeats of the mean time per call (the least disturbed by other jobs on a
-shared machine), their ratio (issue 14 item 5's target: ≤ 4x) and the NewtonOp's own
-iteration and evaluation counts per solve. Old and new code alternate, twice each (``--rounds``),
-and each keeps its fastest round.
+For each backend (C = pytensor's default mode, what ``pm.sample`` runs; NUMBA = what nutpie
+compiles) it times ``model.logp_dlogp_function(ravel_inputs=True)`` of the two marginals and of
+the full (centered) model, one batch of calls each in turn (``_timing.time_interleaved``),
+every call at the next of 20 points θ near the posterior (independent jitter of about the
+posterior's scale, so a warm start comes from a different posterior point, as at the start of
+a NUTS trajectory, never from the same θ). It reports the median of paired ratios to the full
+model (issue 14 item 5's target: ≤ 4x) and the NewtonOp's iterations and evaluations per solve.
 
-Each code version runs in its own subprocess with ``PYTHONPATH`` set to it: ``--old``, a git
-revision (default: the merge base with ``main``) exported with ``git archive`` to a temporary
-directory, is the reference; the checkout holding this script is the new code. The table puts
-them side by side, measured in one run. Every inner solve starts cold, from u = 0 (no warm
-start yet: issue 14 item 1 is open).
+In C it also splits one warm marginal call (issue 14 item 4): the time in the compiled inner
+functions (their ``fn.vm()``), in the rest of the Newton solve (the numpy loop and the Op's
+bookkeeping), and in the outer graph (x* → log det H, the implicit pullback), each in units of
+one full-model logp+gradient of the same run.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _timing import git_revision, ratio, time_interleaved  # noqa: E402
 
 G, PER_GROUP, MU_TRUE, SIGMA_TRUE, SEED = 300, 5, 0.5, 0.7, 1
 N_POINTS = 20
 
 
-def worker(mode: str, repeats: int) -> dict:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+def build(mode: str):
     import numpy as np
     import pymc as pm
-    import pytensor
-    from pytensor.graph.traversal import ancestors
 
     import pymc_optim as pmo
 
@@ -59,120 +57,160 @@ def worker(mode: str, repeats: int) -> dict:
             pm.Poisson("y", pm.math.exp(mu + u[group]), observed=y)
         return model
 
-    marginal = pmo.marginalize_laplace(full(), "u", hessian_structure="diagonal")
-    full_model = full()
     jitter = np.random.default_rng(SEED)
     thetas = [
-        (0.48 + 0.05 * jitter.standard_normal(), np.log(0.68) + 0.1 * jitter.standard_normal())
+        {
+            "mu": 0.48 + 0.05 * jitter.standard_normal(),
+            "sigma_log__": np.log(0.68) + 0.1 * jitter.standard_normal(),
+        }
         for _ in range(N_POINTS)
     ]
-    names = [v.name for v in marginal.value_vars]
-    marginal_points = [
-        np.array([dict(zip(["mu", "sigma_log__"], t, strict=True))[n] for n in names])
-        for t in thetas
-    ]
-    full_points = []
-    for mu, log_sigma in thetas:
-        value = {"mu": mu, "sigma_log__": log_sigma}
-        full_points.append(
-            np.concatenate(
-                [
-                    np.atleast_1d(value[v.name]) if v.name in value else 0.3 * np.ones(G)
-                    for v in full_model.value_vars
-                ]
-            )
-        )
-
-    node = next(
-        v.owner
-        for v in ancestors(marginal.potentials)
-        if v.owner is not None and type(v.owner.op).__name__ == "NewtonOp"
-    )
-    k = node.op.n_controls
-    counts = marginal.replace_rvs_by_values(node.outputs[k + 1 : k + 3])
-    count_fn = pytensor.function(marginal.value_vars, counts, on_unused_input="ignore", mode=mode)
-    work = np.array([[int(c) for c in count_fn(*map(np.asarray, p))] for p in marginal_points])
-
-    fns = {}
-    for label, model, points in [
-        ("marginal", marginal, marginal_points),
-        ("full", full_model, full_points),
+    contenders = {}
+    for label, model in [
+        ("full", full()),
+        ("marginal, warm", pmo.marginalize_laplace(full(), "u", hessian_structure="diagonal")),
+        (
+            "marginal, cold",
+            pmo.marginalize_laplace(full(), "u", hessian_structure="diagonal", warm_start=False),
+        ),
     ]:
         fn = model.logp_dlogp_function(ravel_inputs=True, mode=mode)
         fn.set_extra_values({})
-        fn(points[0])
-        fns[label] = (fn, points)
-    times = {label: [] for label in fns}
-    for _ in range(repeats):
-        for label, (fn, points) in fns.items():
+        points = [
+            np.concatenate(
+                [
+                    np.atleast_1d(t[v.name]) if v.name in t else 0.3 * np.ones(G)
+                    for v in model.value_vars
+                ]
+            )
+            for t in thetas
+        ]
+        contenders[label] = (model, fn, points)
+    return contenders
+
+
+def cycling(fn, points):
+    state = {"i": 0}
+
+    def call():
+        i = state["i"] = (state["i"] + 1) % len(points)
+        return fn(points[i])
+
+    return call
+
+
+def newton_counts(model, fn, points):
+    """Mean Newton iterations and evaluations per solve along the points, read from the Op."""
+    import numpy as np
+    from pytensor.graph.traversal import ancestors
+
+    node = next(
+        v.owner
+        for v in ancestors(model.potentials)
+        if v.owner is not None and type(v.owner.op).__name__ == "NewtonOp"
+    )
+    op = node.op
+    counts = []
+    original = op.solve
+
+    def spy(*args):
+        out = original(*args)
+        counts.append([int(np.sum(out[2])), int(np.sum(out[3]))])
+        return out
+
+    op.solve = spy  # perform looks solve up on the instance
+    try:
+        for p in points:
+            fn(p)
+    finally:
+        del op.solve
+    # under NUMBA the loop is compiled and never calls `solve`: no counts (shown blank)
+    return op, np.mean(counts, axis=0) if counts else ("", "")
+
+
+def breakdown(op, fn, points, calls):
+    """Seconds per marginal call: in inner functions, in the rest of the solve, in total."""
+    inner = [0.0]
+    originals = dict(op.__dict__.get("_direct", {}))
+
+    def timed(call):
+        def wrapped(*args):
             t0 = time.perf_counter()
-            for p in points:
-                fn(p)
-            times[label].append((time.perf_counter() - t0) / len(points))
-    med = {label: float(np.min(t)) * 1e3 for label, t in times.items()}
-    return {
-        "marginal_ms": med["marginal"],
-        "full_ms": med["full"],
-        "iterations": float(work[:, 0].mean()),
-        "evaluations": float(work[:, 1].mean()),
-    }
+            out = call(*args)
+            inner[0] += time.perf_counter() - t0
+            return out
 
+        return wrapped
 
-def run_version(path: str, mode: str, repeats: int) -> dict | None:
-    env = dict(os.environ, PYTHONPATH=path)
-    cmd = [sys.executable, __file__, "--worker", mode, "--repeats", str(repeats)]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if out.returncode:
-        print(out.stderr[-2000:], file=sys.stderr)
-        return None
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    solve_time = [0.0]
+    original_solve = op.solve
+
+    def solve(*args):
+        t0 = time.perf_counter()
+        out = original_solve(*args)
+        solve_time[0] += time.perf_counter() - t0
+        return out
+
+    op.__dict__["_direct"] = {k: (f, timed(c)) for k, (f, c) in originals.items()}
+    op.solve = solve
+    try:
+        t0 = time.perf_counter()
+        for i in range(calls):
+            fn(points[i % len(points)])
+        total = time.perf_counter() - t0
+    finally:
+        op.__dict__["_direct"] = originals
+        del op.solve
+    return inner[0] / calls, (solve_time[0] - inner[0]) / calls, total / calls
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--old", default=None, help="git revision (default: merge base)")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--worker", default=None)
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args(argv)
-    if args.worker:
-        print(json.dumps(worker(args.worker, args.repeats)))
-        return 0
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     repeats = 3 if args.quick else args.repeats
-    new = str(Path(__file__).resolve().parents[1])
+    import pymc_optim
 
-    def git(*cmd):
-        return subprocess.run(["git", "-C", new, *cmd], capture_output=True, check=True).stdout
-
-    revision = args.old or git("merge-base", "HEAD", "main").decode().strip()
-    old_dir = tempfile.mkdtemp(prefix="pymc_optim_old_")
-    archive = git("archive", revision, "pymc_optim")
-    subprocess.run(["tar", "-x", "-C", old_dir], input=archive, check=True)
-    print(f"old = {revision[:10]}, new = {new} (working tree)\n")
-    print(f"Poisson random intercepts, G = {G}; ms per logp+gradient call, min of {repeats}\n")
-    print("| code | backend | marginal ms | full ms | ratio | Newton it. | evals |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"pymc_optim {git_revision(pymc_optim.__file__)}; Poisson random intercepts, G = {G}")
+    print(f"median of {repeats} paired ratios; batches interleaved\n")
+    print("| backend | contender | µs per logp+grad | / full | Newton it. | evals |")
+    print("|---|---|---|---|---|---|")
+    split = None
     for mode, label in [("FAST_RUN", "C"), ("NUMBA", "NUMBA")]:
-        best: dict[str, dict] = {}
-        for _ in range(args.rounds):
-            for name, path in [("old", old_dir), ("new", new)]:
-                r = run_version(path, mode, repeats)
-                if r is not None and (
-                    name not in best or r["marginal_ms"] < best[name]["marginal_ms"]
-                ):
-                    best[name] = r
-        for name in ["old", "new"]:
-            r = best.get(name)
-            if r is None:
-                print(f"| {name} | {label} | failed | | | | |")
-                continue
-            print(
-                f"| {name} | {label} | {r['marginal_ms']:.3f} | {r['full_ms']:.3f}"
-                f" | {r['marginal_ms'] / r['full_ms']:.1f}x | {r['iterations']:.2f} |"
-                f" {r['evaluations']:.2f} |",
-                flush=True,
-            )
+        contenders = build(mode)
+        counts = {}
+        for name, (model, fn, points) in contenders.items():
+            if name != "full":
+                counts[name] = newton_counts(model, fn, points)
+        calls = {name: cycling(fn, points) for name, (_, fn, points) in contenders.items()}
+        times = time_interleaved(calls, repeats, 0.2)
+        for name in contenders:
+            us = sorted(times[name])[len(times[name]) // 2] * 1e6
+            r = ratio(times, name, "full")
+            it, ev = counts[name][1] if name in counts else ("", "")
+            it = f"{it:.2f}" if it != "" else ""
+            ev = f"{ev:.2f}" if ev != "" else ""
+            print(f"| {label} | {name} | {us:.1f} | {r:.2f}x | {it} | {ev} |", flush=True)
+        if mode == "FAST_RUN":
+            op = counts["marginal, warm"][0]
+            _, fn, points = contenders["marginal, warm"]
+            full_s = sorted(times["full"])[len(times["full"]) // 2]
+            split = breakdown(op, fn, points, 100 if args.quick else 1000), full_s
+    if split is not None:
+        (inner, loop, total), full_s = split
+        outer = total - inner - loop
+        print("\nC backend, one warm marginal logp+gradient split (units: one full logp+grad):\n")
+        print("| part | µs | / full |")
+        print("|---|---|---|")
+        for part, t in [
+            ("compiled inner functions (fn.vm())", inner),
+            ("rest of the Newton solve (numpy loop, Op bookkeeping)", loop),
+            ("outer graph (log det, implicit pullback, PyMC's wrapper)", outer),
+            ("total (timer included)", total),
+        ]:
+            print(f"| {part} | {t * 1e6:.1f} | {t / full_s:.2f} |")
     return 0
 
 

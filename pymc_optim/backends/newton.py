@@ -9,6 +9,8 @@ rule.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytensor.tensor as pt
 from pytensor.graph.basic import Apply
@@ -49,9 +51,15 @@ class NewtonOp(SolverOp):
         The leading dimensions of every control that index independent problems (a native
         batch, :mod:`pymc_optim.backends.vectorize`): the merit then has the batch's shape (one
         value per problem) and `success` and the counters are reported per problem, batch-shaped.
+    warm_start : bool, default False
+        Start each solve from the last successful solution of this Op in this thread instead of
+        x0 (see `warm_start_point`); :func:`pymc_optim.marginalize_laplace` turns it on. Only
+        the default (numpy) backend keeps that state; JAX and numba start from x0.
     """
 
     method = "newton"
+    #: With `warm_start`: extrapolate along the last two solutions (`warm_start_point`).
+    predictor = True
 
     def __init__(
         self,
@@ -65,8 +73,10 @@ class NewtonOp(SolverOp):
         max_iter: int,
         n_extras: int = 0,
         batch_ndim: int = 0,
+        warm_start: bool = False,
     ):
         super().__init__(problem, condition=condition, n_extras=n_extras)
+        self.warm_start = warm_start
         self.merit = merit
         self._value = value
         self.minimization = minimization
@@ -129,29 +139,123 @@ class NewtonOp(SolverOp):
         return {"system": ([], system), "merit": ([], [self.merit])}
 
     def solve(self, fns, x0s, params, extras):
-        packer = Packer(x0s)
-        system_fn, merit_fn = direct_call(fns["system"]), direct_call(fns["merit"])
+        system_fn, merit_fn = self._direct_call(fns["system"]), self._direct_call(fns["merit"])
+        x0 = x0s[0]
+        if len(x0s) == 1 and isinstance(x0, np.ndarray) and x0.ndim == 1 and x0.dtype == "f8":
+            # one flat float64 control (a Laplace marginal's): z is x, nothing to (un)pack
+            z0, unpack = x0, None
 
-        def system(z):
-            m, F, A = system_fn(*packer.unpack(z), *params)
-            return np.reshape(m, -1), F, A
+            def system(z):
+                m, F, A = system_fn(z, *params)
+                return np.reshape(m, -1), F, A
 
-        def merit(z):
-            return np.reshape(merit_fn(*packer.unpack(z), *params)[0], -1)
+            def merit(z):
+                return np.reshape(merit_fn(z, *params)[0], -1)
+        else:
+            packer = Packer(x0s)
+            z0, unpack = packer.pack(x0s), packer.unpack
 
-        z, success, n_iterations, n_evaluations = _iterations.newton(
-            system,
-            merit,
-            packer.pack(x0s),
-            structure=self.condition.structure,
-            minimization=self.minimization,
-            tol=self.tol,
-            max_iter=self.max_iter,
-            rows=problem_rows([np.size(x0) for x0 in x0s], self.diagnostics_shape(x0s)),
-        )
+            def system(z):
+                m, F, A = system_fn(*unpack(z), *params)
+                return np.reshape(m, -1), F, A
+
+            def merit(z):
+                return np.reshape(merit_fn(*unpack(z), *params)[0], -1)
+
         shape = self.diagnostics_shape(x0s)
-        diagnostics = [np.reshape(v, shape) for v in (success, n_iterations, n_evaluations)]
-        return packer.unpack(z), *diagnostics
+        rows = None
+        if shape:
+            rows = problem_rows([np.size(x0) for x0 in x0s], shape)
+
+        def run(z0):
+            return _iterations.newton(
+                system,
+                merit,
+                z0,
+                structure=self.condition.structure,
+                minimization=self.minimization,
+                tol=self.tol,
+                max_iter=self.max_iter,
+                rows=rows,
+            )
+
+        start = self.warm_start_point(z0, params) if self.warm_start else None
+        if start is None:
+            z, success, n_iterations, n_evaluations = run(z0)
+        else:
+            z, success, n_iterations, n_evaluations = run(start)
+            if not success.all():  # the cold start decides; the counters include both solves
+                z, success, more_iterations, more_evaluations = run(z0)
+                n_iterations = n_iterations + more_iterations
+                n_evaluations = n_evaluations + more_evaluations
+        if self.warm_start and success.all():
+            history = self._warm_starts().setdefault(threading.get_ident(), [])
+            history.append((_theta(params), np.array(z, dtype="float64", copy=True)))
+            del history[:-2]
+        success, n_iterations, n_evaluations = (
+            np.reshape(v, shape) for v in (success, n_iterations, n_evaluations)
+        )
+        return ([z] if unpack is None else unpack(z)), success, n_iterations, n_evaluations
+
+    def _direct_call(self, fn):
+        """`direct_call(fn)`, made once per compiled function (it holds fn's storage cells)."""
+        if getattr(fn, "vm", None) is None:  # e.g. the trace recorder's wrappers, new per solve
+            return fn
+        cache = self.__dict__.setdefault("_direct", {})
+        hit = cache.get(id(fn))
+        if hit is None or hit[0] is not fn:
+            hit = cache[id(fn)] = (fn, direct_call(fn))
+        return hit[1]
+
+    def warm_start_point(self, z0: np.ndarray, params=()) -> np.ndarray | None:
+        """Where a warm solve starts: the last successful solution of this Op in this thread,
+        if it has z0's shape and is finite; None (start at z0) otherwise. With two stored
+        solutions (and `predictor` on), it is moved along their secant by the projection of the
+        step in the parameters on their step: a sampler's trajectory is nearly straight, so
+        this follows x*(θ) to first order along it.
+
+        Solutions are stored as copies (the outer graph may work in place on the Op's output
+        buffers) and only after a successful solve, so the start is always a converged mode of
+        some earlier parameters (or its extrapolation). The solve from there must meet the same
+        stopping rule as a cold one (max|F| ≤ tol, or a negligible full step), and a failed
+        warm solve is repeated from z0, so the result depends on the start only through where,
+        inside that tolerance, the iterations stop.
+        """
+        history = self._warm_starts().get(threading.get_ident())
+        if not history:
+            return None
+        theta_1, start = history[-1]
+        if start.shape != np.shape(z0) or not np.isfinite(start).all():
+            return None
+        if len(history) == 2 and self.predictor:
+            theta_0, previous = history[0]
+            theta = _theta(params)
+            if theta.shape == theta_1.shape == theta_0.shape:
+                step = theta_1 - theta_0
+                length = float(step @ step)
+                if length > 0:
+                    along = float((theta - theta_1) @ step) / length
+                    predicted = start + min(max(along, -1.0), 2.0) * (start - previous)
+                    if np.isfinite(predicted).all():
+                        return predicted
+        return start
+
+    def _warm_starts(self) -> dict:
+        """Thread id → the last two successful solves, (θ, x*) each (not pickled: they belong to
+        this process)."""
+        return self.__dict__.setdefault("_warm", {})
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state.pop("_warm", None)
+        state.pop("_direct", None)
+        return state
+
+
+def _theta(params) -> np.ndarray:
+    """The continuous parameters as one float64 vector (the warm start's secant works on it)."""
+    floats = [np.ravel(p) for p in params if np.asarray(p).dtype.kind == "f"]
+    return np.concatenate(floats) if floats else np.zeros(0)
 
 
 def direct_call(fn):

@@ -201,11 +201,15 @@ class SolverOp(Op, HasInnerGraph):
         for storage, x, inner in zip(output_storage, x_stars, self.problem.inner_xs, strict=False):
             storage[0] = np.asarray(x, dtype=inner.type.dtype).reshape(np.shape(x))
         shape = self.diagnostics_shape(x0s)
-        for i, value in enumerate(
-            [np.asarray(success, dtype="bool"), _count(n_iterations), _count(n_evaluations)]
+        for i, (value, dtype) in enumerate(
+            [(success, "bool"), (n_iterations, "int64"), (n_evaluations, "int64")]
         ):
-            value = np.broadcast_to(value, shape)
-            output_storage[self.n_controls + i][0] = np.array(value)
+            ready = isinstance(value, np.ndarray) and value.dtype == dtype
+            if not (ready and value.shape == shape):
+                # (the Newton solves return them ready: fresh arrays, stored as they are)
+                value = np.asarray(value, dtype="bool") if i == 0 else _count(value)
+                value = np.array(np.broadcast_to(value, shape))
+            output_storage[self.n_controls + i][0] = value
 
     def diagnostics_shape(self, x0s) -> tuple:
         """The shape of `success` and the counters: () (one problem); batch-shaped for an Op
