@@ -32,30 +32,17 @@ from pytensor.scalar import basic as ps
 from pytensor.tensor import basic as ptb
 from pytensor.tensor import subtensor as pts
 from pytensor.tensor.blockwise import Blockwise
-from pytensor.tensor.elemwise import CAReduce, DimShuffle, Elemwise
+from pytensor.tensor.elemwise import CAReduce, Elemwise
 from pytensor.tensor.math import Dot
-from pytensor.tensor.shape import Reshape, SpecifyShape
+from pytensor.tensor.shape import SpecifyShape
 from pytensor.tensor.sharedvar import TensorSharedVariable
+
+from pymc_optim.linalg.detect import _COPIES  # the Ops whose entries copy input entries
 
 __all__ = ["hessian_pattern"]
 
 #: Element-wise scalar Ops linear in every argument that depends on x (the others fixed).
 _LINEAR = (ps.Add, ps.Sub, ps.Neg, ps.Identity, ps.Cast, ps.Switch)
-#: Ops whose output entries are copies of input entries (or of x-independent values).
-_COPIES = (
-    DimShuffle,
-    Reshape,
-    pts.Subtensor,
-    pts.AdvancedSubtensor1,
-    pts.AdvancedSubtensor,
-    ptb.Alloc,
-    ptb.Join,
-    ptb.Split,
-    ptb.ExtractDiag,
-    ptb.MakeVector,
-    ptb.TensorFromScalar,
-    ptb.ScalarFromTensor,
-)
 #: The read that matches each increment Op (its indexed positions).
 _INCREMENT_READS = {
     pts.IncSubtensor: lambda op: pts.Subtensor(op.idx_list),
