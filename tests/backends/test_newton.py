@@ -215,7 +215,7 @@ def test_laplace_warm_start_agrees_with_the_cold_start_whatever_the_history():
     """The marginal's value and gradient at θ do not depend on what was evaluated before
     beyond 1e-8 relative (issue 14's criterion), along random histories that mix a sampler's
     small moves with far jumps (the start of a new trajectory, warm-up's first steps)."""
-    warm = pmo.marginalize_laplace(poisson_intercepts(), "u")
+    warm = pmo.marginalize_laplace(poisson_intercepts(), "u", warm_start=True)
     cold = pmo.marginalize_laplace(poisson_intercepts(), "u", warm_start=False)
     assert newton_node(warm).op.warm_start and not newton_node(cold).op.warm_start
     f_warm = warm.logp_dlogp_function(ravel_inputs=True)
@@ -245,7 +245,7 @@ def test_laplace_warm_start_agrees_with_the_cold_start_whatever_the_history():
 def test_laplace_warm_start_is_taken():
     """At the θ just evaluated, the warm solve starts at its mode: no Newton step, one
     evaluation; the cold solve repeats its iterations. Along a small move it needs fewer."""
-    warm = pmo.marginalize_laplace(poisson_intercepts(), "u")
+    warm = pmo.marginalize_laplace(poisson_intercepts(), "u", warm_start=True)
     cold = pmo.marginalize_laplace(poisson_intercepts(), "u", warm_start=False)
     c_warm, c_cold = counters(warm), counters(cold)
     theta, moved = (0.4, np.log(0.6)), (0.45, np.log(0.65))
@@ -264,7 +264,7 @@ def test_laplace_warm_start_falls_back_to_the_cold_start():
     result exactly; the counters hold both solves."""
     import threading
 
-    warm = pmo.marginalize_laplace(poisson_intercepts(), "u")
+    warm = pmo.marginalize_laplace(poisson_intercepts(), "u", warm_start=True)
     cold = pmo.marginalize_laplace(poisson_intercepts(), "u", warm_start=False)
     f_warm, f_cold = (m.compile_logp(vars=m.potentials) for m in (warm, cold))
     c_warm, c_cold = counters(warm), counters(cold)
@@ -290,7 +290,7 @@ def test_laplace_warm_start_state_is_not_pickled():
 
     import cloudpickle
 
-    warm = pmo.marginalize_laplace(poisson_intercepts(), "u")
+    warm = pmo.marginalize_laplace(poisson_intercepts(), "u", warm_start=True)
     f = warm.compile_logp(vars=warm.potentials)
     theta = theta_point(warm, 0.4, np.log(0.6))
     reference = f(theta)
@@ -364,7 +364,7 @@ def test_laplace_warm_start_follows_a_straight_path():
     path = [(0.3 + 0.02 * k, np.log(0.6) + 0.03 * k) for k in range(6)]
     iterations = {}
     for predictor in (True, False):
-        warm = pmo.marginalize_laplace(poisson_intercepts(), "u")
+        warm = pmo.marginalize_laplace(poisson_intercepts(), "u", warm_start=True)
         newton_node(warm).op.predictor = predictor
         count = counters(warm)
         iterations[predictor] = [int(count(*theta)[1]) for theta in path]
