@@ -42,8 +42,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
-import warnings
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -56,6 +54,7 @@ import pytensor.tensor as pt  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _sampling import sample_nutpie, sample_pymc  # noqa: E402
 from _timing import git_revision  # noqa: E402
 
 import pymc_optim as pmo  # noqa: E402
@@ -129,48 +128,18 @@ def run_pymc(model, draws, tune, chains, count=False) -> dict:
 
         op.solve = solve  # perform looks it up on the instance (cores=1: this process)
     try:
-        with model, warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            idata = pm.sample(
-                draws,
-                tune=tune,
-                chains=chains,
-                cores=1,
-                random_seed=SEED,
-                progressbar=False,
-                compute_convergence_checks=False,
-                discard_tuned_samples=False,
-            )
+        posterior, seconds, steps = sample_pymc(model, draws, tune, chains, SEED, quiet=True)
     finally:
         if op is not None:
             del op.solve
-    steps = int(idata.sample_stats["n_steps"].sum() + idata.warmup_sample_stats["n_steps"].sum())
-    out = result(idata.posterior, idata.sample_stats.attrs["sampling_time"], steps)
+    out = result(posterior, seconds, steps)
     if counts:
         out["iterations"], out["evaluations"] = np.mean(counts, axis=0)
     return out
 
 
 def run_nutpie(model, draws, tune, chains) -> dict:
-    import nutpie
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        compiled = nutpie.compile_pymc_model(model)
-    t0 = time.perf_counter()
-    idata = nutpie.sample(
-        compiled,
-        draws=draws,
-        tune=tune,
-        chains=chains,
-        cores=1,
-        seed=SEED,
-        progress_bar=False,
-        save_warmup=True,
-    )
-    seconds = time.perf_counter() - t0
-    steps = int(idata.sample_stats["n_steps"].sum() + idata.warmup_sample_stats["n_steps"].sum())
-    return result(idata.posterior, seconds, steps)
+    return result(*sample_nutpie(model, draws, tune, chains, SEED, quiet=True))
 
 
 def result(posterior, seconds, steps) -> dict:

@@ -77,6 +77,7 @@ import pymc as pm  # noqa: E402
 import pytensor  # noqa: E402
 import pytensor.tensor as pt  # noqa: E402
 import scipy.special  # noqa: E402
+from _sampling import sample_nutpie, sample_pymc  # noqa: E402
 from pytensor.graph.replace import graph_replace  # noqa: E402
 
 import pymc_optim as pmo  # noqa: E402
@@ -175,39 +176,11 @@ def blackjax_log_joint(y, group):
 
 # --- samplers -----------------------------------------------------------------------------------
 def run_pymc(model: pm.Model, draws: int, tune: int) -> dict:
-    with model:
-        idata = pm.sample(
-            draws,
-            tune=tune,
-            chains=CHAINS,
-            cores=1,
-            random_seed=SEED,
-            progressbar=False,
-            compute_convergence_checks=False,
-            discard_tuned_samples=False,
-        )
-    steps = int(idata.sample_stats["n_steps"].sum() + idata.warmup_sample_stats["n_steps"].sum())
-    return _result(idata.posterior, idata.sample_stats.attrs["sampling_time"], steps)
+    return _result(*sample_pymc(model, draws, tune, CHAINS, SEED))
 
 
 def run_nutpie(model: pm.Model, draws: int, tune: int) -> dict:
-    import nutpie
-
-    compiled = nutpie.compile_pymc_model(model)
-    t0 = time.perf_counter()
-    idata = nutpie.sample(
-        compiled,
-        draws=draws,
-        tune=tune,
-        chains=CHAINS,
-        cores=1,
-        seed=SEED,
-        progress_bar=False,
-        save_warmup=True,
-    )
-    seconds = time.perf_counter() - t0
-    steps = int(idata.sample_stats["n_steps"].sum() + idata.warmup_sample_stats["n_steps"].sum())
-    return _result(idata.posterior, seconds, steps)
+    return _result(*sample_nutpie(model, draws, tune, CHAINS, SEED))
 
 
 def run_blackjax(logdensity, draws: int, tune: int) -> dict:
