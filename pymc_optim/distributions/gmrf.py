@@ -301,16 +301,18 @@ def _rw_custom_dist_kwargs(n: int, order: int) -> dict:
             walk = pt.cumsum(walk)
         return pt.concatenate([pt.zeros((order,)), walk])
 
-    def support_point(rv, size, sigma):
-        return pt.zeros((n,))
+    return _vector_custom_dist("RW", dist, logp, lambda rv, size, sigma: pt.zeros((n,)))
 
+
+def _vector_custom_dist(class_name, dist, logp, support_point, ndims_params=(0,)) -> dict:
+    """``pm.CustomDist`` keyword arguments of a distribution over one vector (ndim_supp 1)."""
     return {
         "dist": dist,
         "logp": logp,
         "support_point": support_point,
         "ndim_supp": 1,
-        "ndims_params": [0],
-        "class_name": "RW",
+        "ndims_params": list(ndims_params),
+        "class_name": class_name,
     }
 
 
@@ -610,17 +612,7 @@ def _icar_custom_dist_kwargs(graph: _Graph) -> dict:
             x = x + pm.Normal.dist(0.0, eps, shape=(c,))[graph.component]
         return pt.as_tensor_variable(sigma) * x
 
-    def support_point(rv, size, sigma):
-        return pt.zeros((n,))
-
-    return {
-        "dist": dist,
-        "logp": logp,
-        "support_point": support_point,
-        "ndim_supp": 1,
-        "ndims_params": [0],
-        "class_name": "ICAR",
-    }
+    return _vector_custom_dist("ICAR", dist, logp, lambda rv, size, sigma: pt.zeros((n,)))
 
 
 def _gmrf_custom_dist_kwargs(precision) -> dict:
@@ -661,11 +653,4 @@ def _gmrf_custom_dist_kwargs(precision) -> dict:
     def support_point(rv, size, mu, tau):
         return pt.broadcast_to(mu, (n,)).astype(rv.dtype)
 
-    return {
-        "dist": dist,
-        "logp": logp,
-        "support_point": support_point,
-        "ndim_supp": 1,
-        "ndims_params": [1, 0],
-        "class_name": "GMRF",
-    }
+    return _vector_custom_dist("GMRF", dist, logp, support_point, ndims_params=[1, 0])
