@@ -42,6 +42,7 @@ True
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,7 @@ from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
 from pytensor.tensor.variable import TensorVariable
 
+from pymc_optim.backends.deferred import after_import
 from pymc_optim.linalg import _cholesky
 from pymc_optim.linalg.structure import LinearStructure, _concat_flat, _finite
 
@@ -564,12 +566,9 @@ def _as_index_vector(index, name: str) -> np.ndarray:
     return np.ascontiguousarray(array, dtype=np.int64)
 
 
-def _register_backends() -> None:
+def _register_jax() -> None:
     """Refuse the JAX backend at compile time with a message naming those that work."""
-    try:
-        from pytensor.link.jax.dispatch import jax_funcify
-    except ImportError:  # pragma: no cover - jax not installed
-        return
+    from pytensor.link.jax.dispatch import jax_funcify
 
     def refuse(op, **kwargs):
         raise NotImplementedError(
@@ -581,4 +580,5 @@ def _register_backends() -> None:
         jax_funcify.register(op_class)(refuse)
 
 
-_register_backends()
+if importlib.util.find_spec("jax") is not None:
+    after_import("pytensor.link.jax.dispatch", _register_jax)
