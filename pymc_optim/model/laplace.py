@@ -35,7 +35,7 @@ from pymc_optim.implicit import OptimalityCondition
 from pymc_optim.linalg import detect
 from pymc_optim.linalg.latent_gaussian import LatentGaussianStructure
 from pymc_optim.linalg.sparse import SparseStructure
-from pymc_optim.linalg.structure import LinearStructure, as_linear_structure
+from pymc_optim.linalg.structure import LinearStructure, _finite, as_linear_structure
 from pymc_optim.model.failure import apply_failure_policy, check_on_failure
 from pymc_optim.model.latent_gaussian import latent_gaussian_mode, latent_gaussian_structure
 from pymc_optim.problems.minimize import minimize
@@ -531,7 +531,9 @@ def _mean_correction(structure, mode, hessian, at_mode, at_hessian):
         at_mode,
         disconnected_inputs="ignore",  # H constant in x: no correction
     )
-    return -structure.solve(at_hessian, slope, transposed=False, symmetric=True)
+    shift = -structure.solve(at_hessian, slope, transposed=False, symmetric=True)
+    # at a failed solve's last iterate the correction may not exist: draw around the iterate
+    return pt.switch(pt.all(_finite(shift)), shift, pt.zeros_like(shift))
 
 
 def _recover(
