@@ -55,8 +55,10 @@ class NewtonOp(SolverOp):
         value per problem) and `success` and the counters are reported per problem, batch-shaped.
     warm_start : bool, default False
         Start each solve from the last successful solution of this Op in this thread instead of
-        x0 (see `warm_start_point`); :func:`pymc_optim.marginalize_laplace` turns it on. Only
-        the default (numpy) backend keeps that state; JAX and numba start from x0.
+        x0 (see `warm_start_point`), and end every solve with `canonical_step` (one more
+        evaluation) so that the result does not depend on that start, bit for bit;
+        :func:`pymc_optim.marginalize_laplace` turns it on. Only the default (numpy) backend
+        keeps that state; JAX and numba start from x0.
     """
 
     method = "newton"
@@ -223,10 +225,9 @@ class NewtonOp(SolverOp):
 
         Solutions are stored as copies (the outer graph may work in place on the Op's output
         buffers) and only after a successful solve, so the start is always a converged mode of
-        some earlier parameters (or its extrapolation). The solve from there must meet the same
-        stopping rule as a cold one (max|F| ≤ tol, or a negligible full step), and a failed
-        warm solve is repeated from z0, so the result depends on the start only through where,
-        inside that tolerance, the iterations stop.
+        some earlier parameters (or its extrapolation). The solve from there meets the same
+        stopping rule as a cold one and ends with `canonical_step`, and a failed warm solve is
+        repeated from z0, so the result does not depend on the start.
         """
         history = self._warm_starts().get(threading.get_ident())
         if not history:
