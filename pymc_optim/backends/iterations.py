@@ -78,6 +78,13 @@ def _newton(
     For minimization, success also needs A positive definite at the solution (the structure's
     own Cholesky): a maximum or a saddle is a stationary point, not a minimum.
 
+    A problem stopped by max|F_b| ≤ tol takes one more Newton step z − A⁻¹F with the F and A
+    already evaluated there (no evaluation, not counted as an iteration): Newton's error is then
+    ~ its square, so the solution is exact to rounding rather than to ~tol/λ_min(A). Without it
+    the answer depends at ~1e-9 on where the iterations happened to cross tol, which a warm start
+    moves: a Laplace marginal's log-determinant, not stationary in x, carries that error to the
+    value, and central differences of it by h = 1e-4 were off by ~1e-5.
+
     `system(z)` returns ``(merit, F, A)`` with the merit one value per problem (shape (B,)) and
     A compact in `structure`; `merit(z)` the merit alone. For minimization the merit is the
     objective and F its gradient (a non-descent Newton direction falls back to −F); otherwise
@@ -146,12 +153,15 @@ def _newton(
         ok = finite(m, F)
         if not ok.all():
             stop(running & ~ok, ok, iteration)
+        d = -solve(structure, A, F)
         converged = running & (max_abs(F) <= tol)
         if converged.any():
             stop(converged, ok, iteration, A)
+            # the final Newton step: no evaluation, the error squared
+            final = converged & success & finite(np.zeros(n_problems), d)
+            z = np.where(expand(final), z + d, z)
         if iteration == max_iter or not running.any():
             break
-        d = -solve(structure, A, F)
         if minimization:
             slope = dot(F, d)
             is_newton_step = np.isfinite(slope) & (slope < 0)
@@ -225,11 +235,14 @@ def _newton_one(system, merit, z, *, structure, minimization, tol, max_iter):
     for iteration in range(max_iter + 1):
         if not (np.isfinite(m) and np.isfinite(F_max)):
             return result(False, iteration)
+        d = -solve(structure, A, F)
         if F_max <= tol:
-            return result(True, iteration, A)
+            converged = not minimization or positive_definite_one(structure, A)
+            if converged and np.all(np.isfinite(d)):
+                z = z + d  # the final Newton step: no evaluation, the error squared
+            return z, np.array([converged]), np.array([iteration]), np.array([n_evaluations])
         if iteration == max_iter:
             break
-        d = -solve(structure, A, F)
         if minimization:
             slope = float(F @ d)
             is_newton_step = np.isfinite(slope) and slope < 0

@@ -151,18 +151,23 @@ def _newton_jax(op: NewtonOp, node=None, **kwargs):
                 jnp.where(which, iteration, n_iterations),
             )
 
-        def checks(flags, m, F, A, iteration):
-            """What the numpy loop tests at the top of each iteration."""
+        def checks(flags, z, m, F, A, iteration):
+            """What the numpy loop tests at the top of each iteration, with its final Newton
+            step for the problems stopped by max|F| ≤ tol; returns the flags, z and the step."""
             ok = finite(m, F)
             flags = stop(flags, flags[0] & ~ok, ok, iteration, A)
-            flags = stop(flags, flags[0] & (max_abs(F) <= tol), ok, iteration, A)
+            d = -structure.solve_array(A, F, jnp)
+            converged = flags[0] & (max_abs(F) <= tol)
+            flags = stop(flags, converged, ok, iteration, A)
             running, success, n_iterations = flags
-            return running & (iteration < max_iter), success, n_iterations
+            # the final Newton step: no evaluation, the error squared
+            final = converged & success & jnp.all(jnp.isfinite(d[rows]), axis=1)
+            z = jnp.where(final[owner], z + d, z)
+            return (running & (iteration < max_iter), success, n_iterations), z, d
 
         def body(state):
-            it, z, m, F, A, nfev, flags = state
+            it, z, m, F, A, d, nfev, flags = state
             running = flags[0]
-            d = -structure.solve_array(A, F, jnp)
             if minimization:
                 slope = dot(F, d)
                 is_newton_step = jnp.isfinite(slope) & (slope < 0)
@@ -217,17 +222,17 @@ def _newton_jax(op: NewtonOp, node=None, **kwargs):
 
             m, F, A = jax.lax.cond(jnp.any(backtrack), evaluate, lambda: (m_full, F_full, A_full))
             nfev = nfev + (backtrack & flags[0])
-            flags = checks(flags, m, F, A, it + 1)
-            return it + 1, z_new, m, F, A, nfev, flags
+            flags, z_new, d = checks(flags, z_new, m, F, A, it + 1)
+            return it + 1, z_new, m, F, A, d, nfev, flags
 
         z0 = flat.pack(x0s, jnp)
         m0, F0, A0 = system(z0)
         none = jnp.zeros(n_problems, bool)
         flags = (~none, none, jnp.full(n_problems, max_iter, jnp.int64))
-        flags = checks(flags, m0, F0, A0, 0)
+        flags, z0, d0 = checks(flags, z0, m0, F0, A0, 0)
         nfev0 = jnp.ones(n_problems, jnp.int64)
-        init = (0, z0, m0, F0, A0, nfev0, flags)
-        _, z, _, _, _, nfev, (_, success, n_iterations) = jax.lax.while_loop(
+        init = (0, z0, m0, F0, A0, d0, nfev0, flags)
+        _, z, _, _, _, _, nfev, (_, success, n_iterations) = jax.lax.while_loop(
             lambda state: jnp.any(state[-1][0]), body, init
         )
         return (

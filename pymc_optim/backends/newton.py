@@ -23,8 +23,10 @@ from pymc_optim.implicit import OptimalityCondition
 
 __all__ = [
     "DEFAULT_MAX_ITER",
+    "CANONICAL_BITS",
     "DEFAULT_TOL",
     "NewtonOp",
+    "canonical_step",
     "direct_call",
     "problem_rows",
 ]
@@ -53,8 +55,10 @@ class NewtonOp(SolverOp):
         value per problem) and `success` and the counters are reported per problem, batch-shaped.
     warm_start : bool, default False
         Start each solve from the last successful solution of this Op in this thread instead of
-        x0 (see `warm_start_point`); :func:`pymc_optim.marginalize_laplace` turns it on. Only
-        the default (numpy) backend keeps that state; JAX and numba start from x0.
+        x0 (see `warm_start_point`), and end every solve with `canonical_step` (one more
+        evaluation) so that the result does not depend on that start, bit for bit;
+        :func:`pymc_optim.marginalize_laplace` turns it on. Only the default (numpy) backend
+        keeps that state; JAX and numba start from x0.
     """
 
     method = "newton"
@@ -188,6 +192,11 @@ class NewtonOp(SolverOp):
                 z, success, more_iterations, more_evaluations = run(z0)
                 n_iterations = n_iterations + more_iterations
                 n_evaluations = n_evaluations + more_evaluations
+        if self.warm_start:
+            z, more_evaluations = canonical_step(
+                system, z, success, structure=self.condition.structure, rows=rows
+            )
+            n_evaluations = n_evaluations + more_evaluations
         if self.warm_start and success.all():
             history = self._warm_starts().setdefault(threading.get_ident(), [])
             history.append((_theta(params), np.array(z, dtype="float64", copy=True)))
@@ -216,10 +225,9 @@ class NewtonOp(SolverOp):
 
         Solutions are stored as copies (the outer graph may work in place on the Op's output
         buffers) and only after a successful solve, so the start is always a converged mode of
-        some earlier parameters (or its extrapolation). The solve from there must meet the same
-        stopping rule as a cold one (max|F| ≤ tol, or a negligible full step), and a failed
-        warm solve is repeated from z0, so the result depends on the start only through where,
-        inside that tolerance, the iterations stop.
+        some earlier parameters (or its extrapolation). The solve from there meets the same
+        stopping rule as a cold one and ends with `canonical_step`, and a failed warm solve is
+        repeated from z0, so the result does not depend on the start.
         """
         history = self._warm_starts().get(threading.get_ident())
         if not history:
@@ -250,6 +258,43 @@ class NewtonOp(SolverOp):
         state.pop("_warm", None)
         state.pop("_direct", None)
         return state
+
+
+#: `canonical_step` rounds the solution to 2⁻²⁴ of its scale (a power of two ≥ max|z|, at least 1).
+CANONICAL_BITS = 24
+
+
+def canonical_step(system, z, success, *, structure, rows=None):
+    """One Newton step from the solution rounded to a fixed grid: the result is then a function
+    of the problem and of the grid point alone, not of where the iterations started.
+
+    A converged solve (`iterations.newton` ends with a full Newton step) is exact to rounding,
+    but its last bits still depend on the start, and a sampler amplifies any difference: with
+    a warm start, ``pm.sample`` with ``cores=1`` (chains in sequence, sharing the Op) would not
+    reproduce ``cores=2``. Rounding z to multiples of q = 2^(e − `CANONICAL_BITS`), 2^e ≥
+    max(1, max|z|), gives the same grid point r from any two starts unless an element of the
+    two solutions straddles a multiple of q, with probability ≈ |Δz|/q ≈ 1e-16/6e-8 per element;
+    the Newton step from r, one evaluation of `system`, is exact to ~(q/2)² ≈ 1e-15 (Newton's
+    error squared, times the problem's curvature ratio). Problems that failed keep their z; so
+    does a problem whose step from r is not finite (then the start is visible again).
+
+    Returns ``(z, n_evaluations)``, the evaluations per problem (shape (B,), as ``success``).
+    """
+    success = np.reshape(success, -1)
+    if not success.any():
+        return z, np.zeros(success.shape, dtype=np.int64)
+    if rows is None:
+        rows = np.arange(z.size)[None, :]
+    owner = np.empty(z.size, dtype=np.int64)
+    owner[rows.ravel()] = np.repeat(np.arange(rows.shape[0]), rows.shape[1])
+    scale = np.maximum(1.0, np.max(np.abs(z[rows]), axis=1, initial=0.0))
+    q = np.ldexp(1.0, np.frexp(scale)[1] - CANONICAL_BITS)[owner]
+    r = np.round(z / q) * q  # exact: q is a power of two
+    with np.errstate(all="ignore"):
+        _, F, A = system(r)
+        step = r - _iterations.solve(structure, A, F)
+    ok = success & np.isfinite(step[rows]).all(axis=1)
+    return np.where(ok[owner], step, z), success.astype(np.int64)
 
 
 def _theta(params) -> np.ndarray:

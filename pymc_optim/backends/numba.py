@@ -231,13 +231,17 @@ def _newton_loop(
         for iteration in range(max_iter + 1):
             ok = np.isfinite(m) & _rows_finite(F, rows)
             _stop(running, success, n_iterations, running & ~ok, ok, iteration)
+            # NaN where A is singular (not solved once every problem stopped on a NaN)
+            d = -solve(A, F) if np.any(running) else np.zeros(z.size)
             converged = running & (_rows_max_abs(F, rows) <= tol)
             if minimization and np.any(converged):
                 ok = ok & positive_definite(A, owner, n_problems)
             _stop(running, success, n_iterations, converged, ok, iteration)
+            # the final Newton step: no evaluation, the error squared
+            final = converged & success & _rows_finite(d, rows)
+            z = np.where(final[owner], z + d, z)
             if iteration == max_iter or not np.any(running):
                 break
-            d = -solve(A, F)  # NaN where A is singular
             if minimization:
                 slope = _rows_dot(F, d, rows)
                 is_newton_step = np.isfinite(slope) & (slope < 0)
