@@ -35,6 +35,7 @@ from functools import cached_property
 
 import numpy as np
 import pytensor.tensor as pt
+from pytensor.compile.ops import deep_copy_op
 from pytensor.gradient import grad, jacobian
 from pytensor.ifelse import ifelse
 from pytensor.tensor.blockwise import Blockwise
@@ -242,9 +243,12 @@ class KKTStructure(LinearStructure):
         dl = _FailSafeSolve(assume_a="gen", b_ndim=2)(S, t[:, None])[:, 0]
         dx = y1 + Yj @ dl
         schur = pt.concatenate([dx, -dl if transposed else dl])
-        dense = self.dense_matrix(A)
+        # The dense branch reads copies: an in-place Op of the Schur branch that overwrites a
+        # view of A or rhs would otherwise make it run first, whichever branch is taken.
+        A_copy, rhs_copy = deep_copy_op(A), deep_copy_op(rhs)
+        dense = self.dense_matrix(A_copy)
         fallback = _FailSafeSolve(assume_a="gen", b_ndim=2)(
-            dense.T if transposed else dense, rhs[:, None]
+            dense.T if transposed else dense, rhs_copy[:, None]
         )[:, 0]
         return ifelse(pt.all(_finite(schur)), schur, fallback.astype(schur.dtype))
 
