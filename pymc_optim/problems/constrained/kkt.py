@@ -35,16 +35,16 @@ from functools import cached_property
 
 import numpy as np
 import pytensor.tensor as pt
-from pytensor.compile.ops import deep_copy_op
 from pytensor.gradient import grad, jacobian
-from pytensor.ifelse import ifelse
+from pytensor.graph.basic import Apply
+from pytensor.graph.op import Op
 from pytensor.tensor.blockwise import Blockwise
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_optim.backends.newton import NewtonOp
 from pymc_optim.graph.inner_graph import InnerProblem
 from pymc_optim.implicit import OptimalityCondition
-from pymc_optim.linalg.structure import LinearStructure, _concat_flat, _FailSafeSolve, _finite
+from pymc_optim.linalg.structure import LinearStructure, _concat_flat, _FailSafeSolve
 
 __all__ = ["KKT", "KKTNewtonOp", "KKTStructure"]
 
@@ -223,7 +223,7 @@ class KKTStructure(LinearStructure):
 
     def solve(self, A, rhs, *, transposed: bool, symmetric: bool = False) -> TensorVariable:
         """A⁻¹ rhs (or A⁻ᵀ rhs) by the Schur complement; the dense KKT solve where it is not
-        finite (H singular), evaluated only then."""
+        finite (H singular), evaluated only then (`_UnlessFinite`)."""
         b = self.hessian_rows
         n = A.shape[1]
         Hc, J = A[:b], A[b:]
@@ -243,28 +243,12 @@ class KKTStructure(LinearStructure):
         dl = _BlockSolve(assume_a="gen", b_ndim=2)(S, t[:, None])[:, 0]
         dx = y1 + Yj @ dl
         schur = pt.concatenate([dx, -dl if transposed else dl])
-        # The dense branch reads copies: an in-place Op of the Schur branch that overwrites a
-        # view of A or rhs would otherwise make it run first, whichever branch is taken.
-        A_copy, rhs_copy = deep_copy_op(A), deep_copy_op(rhs)
-        dense = self.dense_matrix(A_copy)
-        fallback = _FailSafeSolve(assume_a="gen", b_ndim=2)(
-            dense.T if transposed else dense, rhs_copy[:, None]
-        )[:, 0]
-        return ifelse(pt.all(_finite(schur)), schur, fallback.astype(schur.dtype))
+        return _UnlessFinite(self, transposed)(schur, A, rhs)
 
-    def dense_matrix(self, A, xp=None):
-        """The (n + m, n + m) KKT matrix [[H, −Jᵀ], [J, 0]] from the compact A (symbolic, or
-        numerical with the array module `xp`)."""
+    def dense_matrix(self, A, xp=np):
+        """The (n + m, n + m) KKT matrix [[H, −Jᵀ], [J, 0]] from the compact A, with the array
+        module `xp` (numpy or jax.numpy): only for the fallback of a singular H."""
         b = self.hessian_rows
-        if xp is None:
-            n, m = A.shape[1], A.shape[0] - b
-            rows = pt.arange(n)[None, :] * pt.ones((b, 1), dtype="int64")
-            cols = (pt.arange(n) // b * b)[None, :] + pt.arange(b)[:, None]
-            H = pt.set_subtensor(pt.zeros((n, n), dtype=A.dtype)[rows, cols], A[:b])
-            J = A[b:]
-            top = pt.concatenate([H, -J.T], axis=1)
-            bottom = pt.concatenate([J, pt.zeros((m, m), dtype=A.dtype)], axis=1)
-            return pt.concatenate([top, bottom], axis=0)
         n, m = A.shape[1], A.shape[0] - b
         rows = np.broadcast_to(np.arange(n)[None, :], (b, n))
         cols = (np.arange(n) // b * b)[None, :] + np.arange(b)[:, None]
@@ -359,6 +343,69 @@ class _BlockSolve(_FailSafeSolve):
         except np.linalg.LinAlgError:
             x = np.full(b.shape, np.nan)
         outputs[0][0] = x.astype(node.outputs[0].type.dtype, copy=False)
+
+
+class _UnlessFinite(Op):
+    """`schur` where every entry is finite, else the dense KKT solve of (A, rhs), computed
+    numerically and only then (H singular, the KKT matrix not).
+
+    One Op rather than ``ifelse``: PyTensor evaluates an ifelse's untaken branch when an in-place
+    Op of the taken one overwrites a view it reads, and an ifelse cannot be batched by Blockwise
+    (``vectorize_graph`` of a solution's gradient). The gradient is that of `schur` (exact where
+    it is finite; NaN at a singular H, where the Schur form is NaN).
+    """
+
+    __props__ = ("structure", "transposed")
+    view_map = {0: [0]}
+
+    def __init__(self, structure: KKTStructure, transposed: bool):
+        self.structure = structure
+        self.transposed = transposed
+
+    def make_node(self, schur, A, rhs):
+        schur, A, rhs = (pt.as_tensor_variable(v) for v in (schur, A, rhs))
+        return Apply(self, [schur, A, rhs], [schur.type()])
+
+    def infer_shape(self, fgraph, node, shapes):
+        return [shapes[0]]
+
+    def perform(self, node, inputs, outputs):
+        schur, A, rhs = inputs
+        if np.all(np.isfinite(schur)):
+            outputs[0][0] = schur
+            return
+        dense = self.structure.dense_matrix(A, np)
+        try:
+            out = np.linalg.solve(dense.T if self.transposed else dense, rhs)
+        except np.linalg.LinAlgError:
+            out = np.full(rhs.shape, np.nan)
+        outputs[0][0] = out.astype(node.outputs[0].type.dtype, copy=False)
+
+    def L_op(self, inputs, outputs, output_grads):
+        _, A, rhs = inputs
+        return [output_grads[0], A.zeros_like(), rhs.zeros_like()]
+
+
+try:  # the JAX implementation: the dense solve under lax.cond
+    from pytensor.link.jax.dispatch import jax_funcify
+except ImportError:  # pragma: no cover - JAX not installed
+    jax_funcify = None
+
+if jax_funcify is not None:
+
+    @jax_funcify.register(_UnlessFinite)
+    def _unless_finite_jax(op, node=None, **kwargs):
+        import jax
+        import jax.numpy as jnp
+
+        def unless_finite(schur, A, rhs):
+            def dense():
+                matrix = op.structure.dense_matrix(A, jnp)
+                return jnp.linalg.solve(matrix.T if op.transposed else matrix, rhs)
+
+            return jax.lax.cond(jnp.all(jnp.isfinite(schur)), lambda: schur, dense)
+
+        return unless_finite
 
 
 def _set(H, rows, cols, values):
