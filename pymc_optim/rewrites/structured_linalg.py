@@ -12,7 +12,10 @@ adds, for A (n × n), B (m × m), N = n·m and ⊗ = ``pt.linalg.kron`` (row-maj
 
 - ``cholesky(A ⊗ B) = cholesky(A) ⊗ cholesky(B)``, ``cholesky(block_diag(Aᵢ)) =
   block_diag(cholesky(Aᵢ))``, batched (``Blockwise``) inputs included, and as early as the
-  canonicalize phase so that the rewrites below see the factors;
+  canonicalize phase so that the rewrites below see the factors. Blocks of one static size are
+  factored as one stack (one batched Cholesky, whose solves and Σ log diag take the stack, with a
+  gradient written with masks, `_MaskedCholesky`): the graph and its gradient then hold one
+  batched Op per step instead of one per block (a 30-block MvNormal: 1282 → 318 nodes);
 - ``solve``, ``solve_triangular`` and ``cho_solve`` with a Kronecker matrix by the vec trick
   X = A⁻¹ Y B⁻ᵀ (two small solves with many right-hand sides), and with a block-diagonal matrix
   as independent block solves — one batched solve when the blocks share a static shape;
