@@ -721,6 +721,7 @@ def resolve_structure(
     objective: Variable | None = None,
     x0=None,
     argument: str = "structure",
+    what: str = "A = ∂F/∂x",
 ) -> LinearStructure:
     """The structure a solver uses: detected for ``"auto"``, else the explicit one verified.
 
@@ -736,6 +737,8 @@ def resolve_structure(
         For minimization: the scalar whose Hessian is A (read structurally instead of F).
     x0 : the user's initial guess, optional
         Fixes the size of controls without a static shape for the numerical check.
+    what : str, optional
+        How the error of a wrong explicit structure names the matrix.
     """
     xs = problem.inner_xs
     shapes = _x0_shapes(x0, xs)
@@ -763,6 +766,7 @@ def resolve_structure(
         proved,
         lambda: _solver_pattern(problem, residual, x0),
         argument=argument,
+        what=what,
     )
     return structure
 

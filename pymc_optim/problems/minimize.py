@@ -120,7 +120,9 @@ def minimize(
         :mod:`pymc_optim.linalg.detect`). An
         explicit structure is checked at build time, and one that drops nonzero Hessian entries
         is a ValueError naming them (numerically, when the graph alone cannot prove it fits
-        and every input's shape is known).
+        and every input's shape is known). With `constraints` and ``method="newton"``: the
+        layout of the Hessian of the Lagrangian, whose KKT system is then solved by the Schur
+        complement on the constraints (:func:`constrained_minimize`).
     block_size : int, optional
         The block size for ``structure="block_diagonal"``.
     optimizer_kwargs : dict, optional
@@ -174,10 +176,10 @@ def minimize(
     """
     objective = as_expression(objective, "objective")
     if bounds is not None or constraints is not None:
-        if not (jac and not hess and structure in ("auto", "dense") and block_size is None):
+        if not (jac and not hess):
             raise ValueError(
-                "With `bounds` or `constraints`, `jac`, `hess`, `structure` and `block_size` "
-                "keep their defaults (the KKT system is built from the graph)."
+                "With `bounds` or `constraints`, `jac` and `hess` keep their defaults (the KKT "
+                "system is built from the graph)."
             )
         return constrained_minimize(
             objective,
@@ -186,6 +188,8 @@ def minimize(
             method=method,
             bounds=bounds,
             constraints=constraints,
+            structure=structure,
+            block_size=block_size,
             optimizer_kwargs=optimizer_kwargs,
         )
     if method is None:

@@ -12,7 +12,10 @@ adds, for A (n × n), B (m × m), N = n·m and ⊗ = ``pt.linalg.kron`` (row-maj
 
 - ``cholesky(A ⊗ B) = cholesky(A) ⊗ cholesky(B)``, ``cholesky(block_diag(Aᵢ)) =
   block_diag(cholesky(Aᵢ))``, batched (``Blockwise``) inputs included, and as early as the
-  canonicalize phase so that the rewrites below see the factors;
+  canonicalize phase so that the rewrites below see the factors. Blocks of one static size are
+  factored as one stack (one batched Cholesky, whose solves and Σ log diag take the stack, with a
+  gradient written with masks, `_MaskedCholesky`): the graph and its gradient then hold one
+  batched Op per step instead of one per block (a 30-block MvNormal: 1282 → 318 nodes);
 - ``solve``, ``solve_triangular`` and ``cho_solve`` with a Kronecker matrix by the vec trick
   X = A⁻¹ Y B⁻ᵀ (two small solves with many right-hand sides), and with a block-diagonal matrix
   as independent block solves — one batched solve when the blocks share a static shape;
@@ -120,6 +123,7 @@ from pytensor.scalar.basic import Abs, Log, Mul, Sign
 from pytensor.tensor.basic import ExtractDiag
 from pytensor.tensor.blockwise import Blockwise
 from pytensor.tensor.elemwise import DimShuffle, Elemwise
+from pytensor.tensor.exceptions import NotScalarConstantError
 from pytensor.tensor.math import Dot, Sum
 from pytensor.tensor.nlinalg import Det, KroneckerProduct, MatrixInverse, SLogDet
 from pytensor.tensor.random.op import RandomVariable
@@ -411,8 +415,83 @@ def _structured_cholesky(x, lower: bool):
     if factors := _kron_factors(x):
         return _kron(*(_cholesky(f, lower) for f in factors))
     if blocks := _blocks(x):
+        if _stackable(blocks):
+            # One batched Cholesky of the stacked blocks, cut back into blocks: the solves and
+            # the log-determinant below take the stack itself (`_stacked`), so the graph, and
+            # the gradient taken of it, hold one batched Op per step instead of one per block.
+            L = Blockwise(_MaskedCholesky(lower=lower))(pt.stack(blocks, axis=0))
+            return block_diag(*(L[i] for i in range(len(blocks))))
         return block_diag(*(_cholesky(blk, lower) for blk in blocks))
     return None
+
+
+class _MaskedCholesky(Cholesky):
+    """PyTensor's Cholesky with the same reverse-mode gradient (Murray 2016, arXiv:1602.07527),
+    written with triangular and diagonal masks instead of ``diag(diagonal(·))``.
+
+    Batched by Blockwise (the stacked blocks of a block-diagonal matrix), PyTensor's gradient
+    vectorizes each ``diag(diagonal(·))`` into a Python loop of AllocDiag, one call per block
+    (measured: a third of the value-and-gradient time of a 30-block MvNormal); masks vectorize
+    into Elemwise products.
+    """
+
+    def L_op(self, inputs, outputs, gradients):
+        [dz] = gradients
+        [L] = outputs
+        if not self.lower:
+            L, dz = L.T, dz.T
+        n = L.shape[-1]
+        eye = pt.eye(n, dtype=L.dtype)
+        lower = pt.tri(n, dtype=L.dtype)
+        P = L.T @ dz
+        phi = P * lower - 0.5 * P * eye  # the lower triangle, its diagonal halved
+        upper_solve = SolveTriangular(lower=False, b_ndim=2)
+        S = upper_solve(L.T, upper_solve(L.T, phi.T).T)  # L⁻ᵀ Φ L⁻¹
+        mask = lower if self.lower else lower.T
+        return [(S + S.T) * mask - S * eye]
+
+
+def _stackable(blocks) -> bool:
+    """Unbatched blocks of one static size that have no structure of their own (a Kronecker
+    block keeps its factored Cholesky)."""
+    return (
+        _same_block_shape(blocks) is not None
+        and all(blk.ndim == 2 for blk in blocks)
+        and not any(_kron_factors(blk) or _blocks(blk) for blk in blocks)
+    )
+
+
+def _stacked(blocks):
+    """The (…, k, s, s) stack of equal blocks: the tensor they were cut from when they are
+    ``S[0], …, S[k−1]`` of one (k, s, s) S (or their transposes), else a new stack."""
+    if (base := _cut_from(blocks)) is not None:
+        return base
+    transposed = [_transposed(blk) for blk in blocks]
+    if all(t is not None for t in transposed) and (base := _cut_from(transposed)) is not None:
+        return base.mT
+    return pt.stack(blocks, axis=-3)
+
+
+def _cut_from(blocks):
+    """S if `blocks` are S[0], …, S[k−1] of one (k, s, s) tensor S, else None."""
+    base = None
+    for i, blk in enumerate(blocks):
+        node = _unspecified(blk).owner
+        if node is None or not isinstance(node.op, Subtensor) or len(node.op.idx_list) != 1:
+            return None
+        if isinstance(node.op.idx_list[0], slice):
+            return None
+        source, index = node.inputs
+        if base is None:
+            base = source
+        if source is not base or source.ndim != 3 or source.type.shape[0] != len(blocks):
+            return None
+        try:
+            if int(pt.get_underlying_scalar_constant_value(index)) != i:
+                return None
+        except NotScalarConstantError:
+            return None
+    return base
 
 
 def _cholesky(x, lower):
@@ -455,7 +534,7 @@ def _block_solve(blocks, rhs, b_ndim, solve_block):
     s = _same_block_shape(blocks)
     if s is not None:
         k = len(blocks)
-        stacked = pt.stack(blocks, axis=-3)  # (…, k, s, s)
+        stacked = _stacked(blocks)  # (…, k, s, s)
         x = solve_block(stacked, y.reshape((*_batch(y, 2), k, s, y.shape[-1])))
         x = x.reshape((*_batch(x, 3), k * s, x.shape[-1]))
     else:
@@ -503,6 +582,11 @@ def _structured_sum_log_diag(x):
         n, m = (f.shape[-1].astype(sp.dtype) for f in factors)
         return m * sp + n * sq
     if blocks := _blocks(x):
+        if (base := _cut_from(blocks)) is not None:
+            # the diagonal as a masked sum: its gradient is Elemwise, where the gradient of
+            # ExtractDiag on a stack is a Python loop of AllocDiag
+            diagonal = (base * pt.eye(base.shape[-1], dtype=base.dtype)).sum(axis=-1)
+            return pt.log(diagonal).sum()
         return pt.add(*(_sum_log_diag(blk) for blk in blocks))
     return None
 

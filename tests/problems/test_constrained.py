@@ -15,6 +15,8 @@ from numpy.testing import assert_allclose
 from scipy import optimize
 
 import pymc_optim as pmo
+from pymc_optim.linalg.structure import LinearStructure
+from pymc_optim.problems.constrained.kkt import KKTStructure
 
 RNG = np.random.default_rng(20261201)
 #: x* is exact to rounding after the polish, whatever scipy's tolerance (measured: ≤ 2e-16 on
@@ -547,3 +549,283 @@ def test_constraint_parameter_gets_its_gradient(method):
     fd = central_difference(lambda r: fn(a_out, r)[0] @ W[:3], 0.8)
     assert_allclose(g, fd, atol=FD_TOL)
     assert fn(a_out, 3.0)[1] == 0.0
+
+
+# --- Newton-KKT's structure: the Hessian of the Lagrangian read off the graph ---------------------
+
+N_SEP = 40
+W_SEP = np.linspace(0.5, 2.0, N_SEP)
+A_SEP = np.linspace(-1.0, 1.0, N_SEP)
+#: Schur complement and dense LU solve the same KKT system; after Newton's last step x* differs by
+#: rounding amplified by the KKT matrix's condition number (≈ 10 here): measured ≤ 1e-15.
+PATH_TOL = 1e-12
+#: scipy's SLSQP stops at ftol on the objective, so x is accurate to about √ftol (ftol = 1e-14).
+SLSQP_TOL = 1e-6
+
+
+def _separable_problem(x0=None, **kwargs):
+    """min Σ w eˣ + ½x² − a x  s.t.  Σ x = c and Σ_{i<10} eˣ = 12, written as a user would."""
+    x = pt.vector("x")
+    a = pt.vector("a")
+    c = pt.scalar("c")
+    f = (W_SEP * pt.exp(x) + 0.5 * x**2 - a * x).sum()
+    constraints = [
+        {"type": "eq", "fun": x.sum() - c},
+        {"type": "eq", "fun": pt.exp(x[:10]).sum() - 12.0},
+    ]
+    x_star, success = pmo.minimize(
+        f,
+        x,
+        x0=pt.zeros(N_SEP) if x0 is None else x0,
+        method="newton",
+        constraints=constraints,
+        **kwargs,
+    )
+    return x_star, success, a, c
+
+
+def _separable_scipy(a, c):
+    cons = [
+        {"type": "eq", "fun": lambda v: v.sum() - c},
+        {"type": "eq", "fun": lambda v: np.exp(v[:10]).sum() - 12.0},
+    ]
+    res = optimize.minimize(
+        lambda v: (W_SEP * np.exp(v) + 0.5 * v**2 - a * v).sum(),
+        np.zeros(N_SEP),
+        jac=lambda v: W_SEP * np.exp(v) + v - a,
+        method="SLSQP",
+        constraints=cons,
+        options={"ftol": 1e-14, "maxiter": 500},
+    )
+    assert res.success
+    return res.x
+
+
+def _spy_fallbacks(monkeypatch) -> list:
+    """Record every dense KKT matrix assembled (the fallback of a singular H), in the Newton
+    loop and in the compiled implicit gradient alike."""
+    fallbacks = []
+    dense_matrix = KKTStructure.dense_matrix
+
+    def spy(self, A, xp=np):
+        fallbacks.append(A.shape)
+        return dense_matrix(self, A, xp)
+
+    monkeypatch.setattr(KKTStructure, "dense_matrix", spy)
+    return fallbacks
+
+
+def _has_schur_solve(fn) -> bool:
+    from pymc_optim.problems.constrained.kkt import _UnlessFinite
+
+    return any(isinstance(node.op, _UnlessFinite) for node in fn.maker.fgraph.apply_nodes)
+
+
+@pytest.fixture(scope="module")
+def separable():
+    out = {}
+    for name in ("auto", "dense"):
+        x_star, success, a, c = _separable_problem(structure=name)
+        loss = (x_star * W_SEP).sum()
+        fn = pytensor.function([a, c], [x_star, success, *pt.grad(loss, [a, c])])
+        out[name] = (x_star, fn)
+    return out
+
+
+def test_newton_kkt_detects_a_diagonal_lagrangian_hessian(separable):
+    x_star, _ = separable["auto"]
+    assert x_star.owner.op.condition.structure == KKTStructure(hessian=LinearStructure("diagonal"))
+    dense_star, _ = separable["dense"]
+    assert dense_star.owner.op.condition.structure == LinearStructure("dense")
+    # a dense objective Hessian keeps the dense KKT system (the closed-form equality problem)
+    x = pt.vector("x", shape=(4,))
+    x_q, _ = pmo.minimize(
+        0.5 * x @ pt.as_tensor(Q) @ x,
+        x,
+        x0=np.zeros(4),
+        method="newton",
+        constraints={"type": "eq", "fun": x.sum() - 1.0},
+    )
+    assert x_q.owner.op.condition.structure == LinearStructure("dense")
+
+
+def test_schur_path_value_and_gradient_match_dense_slsqp_and_finite_differences(
+    separable, monkeypatch
+):
+    a_val, c_val = A_SEP, 0.7
+    fallbacks = _spy_fallbacks(monkeypatch)
+    _, fast = separable["auto"]
+    assert _has_schur_solve(fast)
+    x_fast, ok, g_a, g_c = fast(a_val, c_val)
+    assert fallbacks == []  # every Newton step and the gradient took the Schur complement
+    _, dense = separable["dense"]
+    x_dense, ok_dense, g_a_dense, g_c_dense = dense(a_val, c_val)
+    assert ok and ok_dense
+    assert_allclose(x_fast, x_dense, atol=PATH_TOL)
+    assert_allclose(x_fast, _separable_scipy(a_val, c_val), atol=SLSQP_TOL)
+    assert_allclose(g_a, g_a_dense, atol=PATH_TOL)
+    assert_allclose(g_c, g_c_dense, atol=PATH_TOL)
+    fd_c = central_difference(lambda c: fast(a_val, c)[0] @ W_SEP, c_val)
+    assert_allclose(g_c, fd_c, atol=FD_TOL)
+    fd_a = central_difference(
+        lambda a5: fast(np.concatenate([a5, a_val[5:]]), c_val)[0] @ W_SEP, a_val[:5]
+    )
+    assert_allclose(g_a[:5], fd_a, atol=FD_TOL)
+
+
+def test_schur_path_with_symbolic_x0_of_unknown_shape():
+    x0 = pt.vector("x0")
+    x_star, success, a, c = _separable_problem(x0=x0)
+    assert x_star.owner.op.condition.structure.kind == "kkt"
+    fn = pytensor.function([a, c, x0], [x_star, success])
+    x_val, ok = fn(A_SEP, 0.7, np.zeros(N_SEP))
+    assert ok
+    assert_allclose(x_val, _separable_scipy(A_SEP, 0.7), atol=SLSQP_TOL)
+
+
+def test_block_diagonal_lagrangian_hessian_of_a_reshaped_vector(monkeypatch):
+    # rows of 3 correlated elements, two linear constraints coupling all rows
+    G = 30
+    P = np.array([[2.0, 0.5, 0.1], [0.5, 1.5, -0.2], [0.1, -0.2, 1.0]])
+    C = np.random.default_rng(5).normal(size=(2, 3 * G))
+    x = pt.vector("x")
+    a = pt.vector("a")
+    c = pt.vector("c")
+    rows = x.reshape((-1, 3))
+    f = ((rows @ P) * rows).sum() + pt.exp(x).sum() - (a * x).sum()
+    fns = {}
+    for name, kwargs in {
+        "auto": {},
+        "explicit": {"structure": "block_diagonal", "block_size": 3},
+        "dense": {"structure": "dense"},
+    }.items():
+        x_star, ok = pmo.minimize(
+            f,
+            x,
+            x0=pt.zeros(3 * G),
+            method="newton",
+            constraints={"type": "eq", "fun": pt.as_tensor(C) @ x - c},
+            **kwargs,
+        )
+        expected = (
+            LinearStructure("dense")
+            if name == "dense"
+            else KKTStructure(hessian=LinearStructure("block_diagonal", 3))
+        )
+        assert x_star.owner.op.condition.structure == expected
+        loss = (x_star**2).sum()
+        fns[name] = pytensor.function([a, c], [x_star, ok, *pt.grad(loss, [a, c])])
+    a_val, c_val = np.linspace(-1, 1, 3 * G), np.array([0.3, -0.2])
+    fallbacks = _spy_fallbacks(monkeypatch)
+    results = {name: fn(a_val, c_val) for name, fn in fns.items()}
+    assert fallbacks == []
+    assert _has_schur_solve(fns["auto"]) and _has_schur_solve(fns["explicit"])
+    for name in ("auto", "explicit"):
+        x_val, ok, g_a, g_c = results[name]
+        assert ok
+        for got, want in zip(
+            [x_val, g_a, g_c], [results["dense"][i] for i in (0, 2, 3)], strict=True
+        ):
+            assert_allclose(got, want, atol=PATH_TOL)
+    fd_c = central_difference(lambda cc: (fns["auto"](a_val, cc)[0] ** 2).sum(), c_val)
+    assert_allclose(results["auto"][3], fd_c, atol=FD_TOL)
+
+
+def test_singular_hessian_block_falls_back_to_the_dense_kkt_solve(monkeypatch):
+    # min x₁² + x₂ s.t. x₁ + x₂ = c: H = diag(2, 0) is singular, the KKT matrix is not.
+    # x* = (½, c − ½), so dx*/dc = (0, 1).
+    x = pt.vector("x")
+    c = pt.scalar("c")
+    x_star, ok = pmo.minimize(
+        x[0] ** 2 + x[1],
+        x,
+        x0=pt.zeros(2),
+        method="newton",
+        constraints={"type": "eq", "fun": x.sum() - c},
+    )
+    assert x_star.owner.op.condition.structure.kind == "kkt"
+    fn = pytensor.function([c], [x_star, ok, pt.grad(x_star[1], c), pt.grad(x_star[0], c)])
+    fallbacks = _spy_fallbacks(monkeypatch)
+    x_val, ok_val, g1, g0 = fn(2.0)
+    assert fallbacks  # the Schur complement was NaN: the dense KKT matrix was solved
+    assert ok_val
+    assert_allclose(x_val, [0.5, 1.5], atol=VALUE_TOL)
+    assert_allclose([g0, g1], [0.0, 1.0], atol=VALUE_TOL)
+
+
+def test_explicit_kkt_structures_are_verified_once():
+    x = pt.vector("x", shape=(4,))
+    coupled = (x**2).sum() + x.sum() ** 2
+    constraint = {"type": "eq", "fun": x.sum() - 1.0}
+    with pytest.raises(
+        ValueError,
+        match=r"`structure='diagonal'` drops nonzero entries of the "
+        r"Hessian of the Lagrangian",
+    ):
+        pmo.minimize(
+            coupled,
+            x,
+            x0=np.zeros(4),
+            method="newton",
+            constraints=constraint,
+            structure="diagonal",
+        )
+    # a nonlinear constraint's curvature is part of H: Σ x₀x₁ couples x₀ and x₁
+    with pytest.raises(ValueError, match=r"drops nonzero entries"):
+        pmo.minimize(
+            (x**2).sum(),
+            x,
+            x0=np.ones(4),
+            method="newton",
+            structure="diagonal",
+            constraints={"type": "eq", "fun": x[0] * x[1] - 1.0},
+        )
+    x_star, _ = pmo.minimize(
+        (x**2).sum(),
+        x,
+        x0=np.zeros(4),
+        method="newton",
+        constraints=constraint,
+        structure="diagonal",
+    )
+    assert x_star.owner.op.condition.structure.kind == "kkt"
+    assert_allclose(x_star.eval(), np.full(4, 0.25), atol=VALUE_TOL)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (
+            {"method": "SLSQP", "structure": "diagonal"},
+            r"`structure` is the layout of the Hessian of the Lagrangian in `method='newton'`",
+        ),
+        ({"method": "newton", "structure": "sparse"}, r"`structure='sparse'` is not available"),
+        (
+            {"method": "newton", "structure": "block_diagonal", "block_size": 3},
+            r"`block_size` must divide the size of `x`",
+        ),
+    ],
+)
+def test_kkt_structure_errors_name_the_argument(kwargs, match):
+    x, f = _x_and_objective()
+    with pytest.raises(ValueError, match=match):
+        pmo.minimize(
+            f, x, x0=np.zeros(2), constraints={"type": "eq", "fun": x.sum() - 1.0}, **kwargs
+        )
+
+
+def test_vectorized_schur_solution_and_gradient():
+    # vectorize_graph batches the Op and its implicit gradient (Blockwise): one solve per c
+    from pytensor.graph.replace import vectorize_graph
+
+    x_star, _, a, c = _separable_problem()
+    batch = pt.vector("batch")
+    batched = vectorize_graph(x_star, {c: batch})
+    fn = pytensor.function([a, batch], [batched, pt.grad((batched @ W_SEP).sum(), batch)])
+    single = pytensor.function([a, c], [x_star, pt.grad(x_star @ W_SEP, c)])
+    values = np.array([0.3, 0.7])
+    x_val, g = fn(A_SEP, values)
+    for k, v in enumerate(values):
+        x_k, g_k = single(A_SEP, v)
+        assert_allclose(x_val[k], x_k, atol=PATH_TOL)
+        assert_allclose(g[k], g_k, atol=PATH_TOL)

@@ -11,6 +11,7 @@ import scipy.linalg
 import scipy.stats
 from pytensor.compile.mode import get_default_mode
 from pytensor.graph.replace import vectorize_graph
+from pytensor.tensor.blockwise import Blockwise
 from pytensor.tensor.nlinalg import Det, SLogDet
 from pytensor.tensor.slinalg import Cholesky, LUFactor, SolveBase
 
@@ -467,3 +468,20 @@ def test_one_matrix_many_columns(rng, kind):
     R = rng.normal(size=rhs.type.shape)
     np.testing.assert_allclose(f(A, R), dense(A, R), rtol=1e-10)
     np.testing.assert_allclose(f(A, R), np.linalg.solve(A, R), rtol=1e-8)
+
+
+@pytest.mark.parametrize("lower", [True, False])
+def test_masked_cholesky_gradient_is_pytensors(rng, lower):
+    # the stacked blocks' Cholesky: the same reverse-mode gradient as PyTensor's, batched
+    from pymc_optim.rewrites.structured_linalg import _MaskedCholesky
+
+    S = pt.tensor3("S")
+    W = pt.tensor3("W")
+    ours = (Blockwise(_MaskedCholesky(lower=lower))(S) * W).sum()
+    theirs = (pt.linalg.cholesky(S, lower=lower) * W).sum()
+    fn = pytensor.function([S, W], [ours, theirs, pt.grad(ours, S), pt.grad(theirs, S)], mode=DENSE)
+    m = rng.normal(size=(3, 4, 4))
+    values = m @ m.transpose(0, 2, 1) + 4 * np.eye(4)
+    v_ours, v_theirs, g_ours, g_theirs = fn(values, rng.normal(size=(3, 4, 4)))
+    assert v_ours == pytest.approx(v_theirs, rel=RTOL)
+    np.testing.assert_allclose(g_ours, g_theirs, rtol=RTOL, atol=1e-12)

@@ -65,10 +65,13 @@ from pymc_optim.graph.inner_graph import (
     InnerProblem,
     as_control_variables,
     as_expression,
+    check_block_size,
     check_initial_guess,
 )
+from pymc_optim.linalg.detect import SPARSE, resolve_structure
+from pymc_optim.linalg.structure import LinearStructure, as_linear_structure
 from pymc_optim.problems._arguments import check_optimizer_kwargs, newton_options, split_problem
-from pymc_optim.problems.constrained.kkt import KKT, KKTNewtonOp
+from pymc_optim.problems.constrained.kkt import KKT, KKTNewtonOp, KKTStructure
 
 __all__ = [
     "CONSTRAINED_METHODS",
@@ -90,6 +93,8 @@ def constrained_minimize(
     method: str | None = None,
     bounds=None,
     constraints=None,
+    structure: str = "auto",
+    block_size: int | None = None,
     optimizer_kwargs: Mapping | None = None,
 ):
     """Minimize `objective` over `x` under `bounds` and `constraints`; see :func:`minimize`.
@@ -106,6 +111,17 @@ def constrained_minimize(
         Default: "L-BFGS-B" with bounds only, "SLSQP" otherwise (scipy's choice). "L-BFGS-B"
         takes bounds only; "newton" (graph-native Newton on the KKT system, no scipy) takes
         equality constraints only.
+    structure : {"auto", "dense", "diagonal", "block_diagonal"}, default "auto"
+        For "newton": the layout of the Hessian of the Lagrangian H = ∇²ₓL (the KKT matrix
+        itself is bordered by the constraint Jacobian, see :mod:`.kkt`). ``"auto"`` reads it off
+        the graph (:func:`pymc_optim.linalg.detect.hessian_structure` on L, the multipliers held
+        as parameters); a diagonal or block-diagonal H makes the KKT system be solved by the
+        Schur complement on the constraints, in the Newton steps and in the implicit gradient
+        (``"dense"`` otherwise). An explicit layout is checked once, as for :func:`minimize`.
+        The scipy methods keep the dense KKT system: for them only "auto" and "dense" are
+        accepted.
+    block_size : int, optional
+        The block size for ``structure="block_diagonal"``.
     bounds : (lower, upper) or scipy.optimize.Bounds, optional
         Element-wise bounds on `x`: each side ``None`` (unbounded), a number, an array or an
         expression of the parameters, broadcast to `x`'s shape (±inf for unbounded entries).
@@ -147,6 +163,21 @@ def constrained_minimize(
         },
     )
 
+    structure = as_linear_structure(structure, block_size)
+    if structure == SPARSE:
+        raise ValueError(
+            "`structure='sparse'` is not available with `constraints`: the Hessian of the "
+            "Lagrangian need not be positive definite. Use 'auto', 'diagonal', "
+            "'block_diagonal' or 'dense'."
+        )
+    if method != "newton" and structure not in ("auto", LinearStructure("dense")):
+        raise ValueError(
+            f"`structure` is the layout of the Hessian of the Lagrangian in `method='newton'` "
+            f"(Newton on the KKT system); got structure={structure!r} with method={method!r}, "
+            "whose KKT gradient is dense. Drop `structure`, or use `method='newton'` (equality "
+            "constraints only)."
+        )
+    user_x0 = x0
     problem = split_problem([objective, *funs], [x])
     bound_vars = []
     if lower is not None:
@@ -172,11 +203,12 @@ def constrained_minimize(
     if bound_vars:
         multiplier_x0s.append(pt.zeros_like(x0))
     if method == "newton":
-        F = kkt.condition.flat_residual()
+        condition = kkt.newton_condition(_kkt_structure(structure, kkt, user_x0))
+        F = condition.flat_residual()
         op = KKTNewtonOp(
             problem,
             kkt=kkt,
-            condition=kkt.condition,
+            condition=condition,
             merit=0.5 * (F**2).sum(),
             value=kkt.objective,
             minimization=False,
@@ -245,6 +277,37 @@ def lagrange_multipliers(x_star: TensorVariable) -> LagrangeMultipliers:
         [m for m, k in zip(mults, kkt.kinds, strict=False) if k == "ineq"],
         mults[-1] if kkt.bounds else None,
     )
+
+
+def _kkt_structure(structure, kkt: KKT, x0) -> LinearStructure:
+    """The layout of Newton-KKT's A: a :class:`KKTStructure` when H = ∇²ₓL is (detected or
+    given) diagonal or block-diagonal, else dense.
+
+    H is read by the solvers' detection (:func:`~pymc_optim.linalg.detect.resolve_structure`) on
+    the Lagrangian as the objective of x alone, the multipliers among its parameters; an explicit
+    layout is verified there, once.
+    """
+    if structure == LinearStructure("dense"):
+        return structure
+    hessian_problem = InnerProblem(
+        [kkt.x], [*kkt.multipliers, *kkt.problem.inner_params], [kkt.lagrangian], []
+    )
+    if structure != "auto" and x0 is not None and None in kkt.x.type.shape:
+        start = pt.as_tensor_variable(x0)
+        check_block_size(structure, [start if start.ndim == kkt.x.ndim else kkt.x])
+    else:
+        check_block_size(structure, [kkt.x])
+    hessian = resolve_structure(
+        structure,
+        hessian_problem,
+        residual=[kkt.lagrangian_gradient],
+        objective=kkt.lagrangian,
+        x0=x0,
+        what="the Hessian of the Lagrangian ∇²ₓL",
+    )
+    if hessian.kind in ("diagonal", "block_diagonal"):
+        return KKTStructure(hessian=hessian)
+    return LinearStructure("dense")  # dense, or a sparse H (no sparse KKT solve yet)
 
 
 def _as_constraints(constraints, x) -> tuple[list[TensorVariable], list[str]]:
