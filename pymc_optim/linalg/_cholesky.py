@@ -192,7 +192,8 @@ def solve(symbolic: Symbolic, lx: np.ndarray, b: np.ndarray) -> np.ndarray:
 def sample(symbolic: Symbolic, lx: np.ndarray, z: np.ndarray) -> np.ndarray:
     """Pᵀ L⁻ᵀ z: for z ~ N(0, I) (shape (n,) or (n, k)) a draw from N(0, A⁻¹)."""
     s = symbolic
-    y = np.ascontiguousarray(z.reshape(s.n, -1), dtype=np.float64)
+    # a copy: _backward works in place, and z (an Op's input) must not change
+    y = np.array(z.reshape(s.n, -1), dtype=np.float64, order="C")
     _backward(s.n, s.l_indptr, s.l_indices, lx, y)
     out = np.empty_like(y)
     out[s.perm] = y
