@@ -1,6 +1,7 @@
 """Laplace marginal of an ICAR field with Poisson counts: sparse vs dense Hessian (issue 15).
 
-Run ``python benchmarks/bench_sparse_laplace.py [m ...]`` (default: 40 100). A script, not a
+Run ``python benchmarks/bench_sparse_laplace.py [m ...] [--recover] [--quick]`` (default m: 40
+100; ``316`` gives the N = 10⁵ row). A script, not a
 test: it prints the times measured in this run and exits 0 whatever they are (1 only if the
 sparse and dense marginals disagree where both run).
 
