@@ -52,6 +52,8 @@ import pytensor.tensor as pt
 from pytensor.gradient import grad_not_implemented
 from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
+from pytensor.graph.replace import _vectorize_node
+from pytensor.tensor.blockwise import vectorize_node_fallback
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_optim.linalg import _cholesky
@@ -707,6 +709,21 @@ def _as_index_vector(index, name: str) -> np.ndarray:
             f"shape {array.shape}."
         )
     return np.ascontiguousarray(array, dtype=np.int64)
+
+
+@_vectorize_node.register(_PatternOp)
+def _vectorize_pattern_op(op: _PatternOp, node, *batched_inputs):
+    """`vectorize_graph` over one batch dimension of the values (and of b or z alike): the
+    same Op on (B, nnz) values, one factorization per matrix, instead of a Blockwise loop
+    over copies of the Op. Other batchings (b batched alone, several batch dimensions, b of
+    shape (n, k)) fall back to the Blockwise loop."""
+    core = node.inputs
+    batch = [new.type.ndim - old.type.ndim for new, old in zip(batched_inputs, core, strict=True)]
+    if not any(batch):
+        return op.make_node(*batched_inputs)
+    if batch != [1] * len(core) or any(old.type.ndim != 1 for old in core):
+        return vectorize_node_fallback(op, node, *batched_inputs)
+    return op.make_node(*batched_inputs)
 
 
 def _register_backends() -> None:

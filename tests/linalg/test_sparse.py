@@ -770,3 +770,27 @@ def test_recover_latent_visits_near_draws_in_turn_and_keeps_each_draw_in_place()
             idata.posterior["x"].values[c], in_sequence[c][0], rtol=1e-6, atol=1e-7
         )
     assert idata.posterior["x_solved"].values.all()
+
+
+def test_vectorizing_the_sparse_ops_batches_the_values_without_a_blockwise_loop(problem):
+    """vectorize_graph over a batch of values (and right-hand sides) gives the Ops on (B, nnz)
+    values, no Blockwise; the values and the gradient equal the one-matrix graphs'."""
+    from pytensor.graph.replace import vectorize_graph
+
+    pattern, values, _ = problem
+    v, b = pt.vector("v"), pt.vector("b")
+    weights = np.linspace(-1.0, 1.0, pattern.n)
+    out = pattern.logdet(v) + (pattern.solve(v, b) * weights).sum()
+    outputs = [out, pattern.sample(v, 0.0, b), pytensor.grad(out, v)]
+    V, B = pt.matrix("V"), pt.matrix("B")
+    batched = pytensor.function([V, B], vectorize_graph(outputs, {v: V, b: B}))
+    ops = {type(node.op).__name__ for node in batched.maker.fgraph.apply_nodes}
+    assert "Blockwise" not in ops and {"SparseLogdetOp", "SparseSolveOp"} <= ops
+    one = pytensor.function([v, b], outputs)
+    rng = np.random.default_rng(2)
+    batch = np.stack([values, 1.3 * values])
+    rhs = rng.normal(size=(2, pattern.n))
+    got = batched(batch, rhs)
+    for k in range(2):
+        for g, want in zip(got, one(batch[k], rhs[k]), strict=True):
+            np.testing.assert_allclose(g[k], want, rtol=RTOL, atol=1e-12)
