@@ -4,6 +4,7 @@ import importlib.util
 
 from pymc_optim._warnings import PymcOptimWarning
 from pymc_optim.backends import vectorize as _vectorize  # noqa: F401  (native batching)
+from pymc_optim.backends.deferred import after_import
 from pymc_optim.graph.diagnostics import SolverInfo, solution_info, solver_trace
 from pymc_optim.graph.trace import SolveTrace
 from pymc_optim.model.agents import Equilibrium, Optimum
@@ -58,4 +59,7 @@ __version__ = "0.1.0"
 if importlib.util.find_spec("numba") is not None:
     from pymc_optim.backends import numba as _numba  # noqa: F401  (numba implementations)
 if importlib.util.find_spec("jax") is not None:
-    from pymc_optim.backends import jax as _jax  # noqa: F401  (JAX implementations)
+    # the JAX implementations, registered when PyTensor's JAX dispatch is first imported
+    after_import(
+        "pytensor.link.jax.dispatch", lambda: importlib.import_module("pymc_optim.backends.jax")
+    )

@@ -49,11 +49,32 @@ def test_demo_runs_and_checks_itself():
 def test_readme_lists_every_public_name():
     from pymc_optim import __all__ as public
     from pymc_optim.datasets import __all__ as datasets
+    from pymc_optim.distributions import __all__ as distributions
 
     readme = (ROOT / "README.md").read_text()
     table = readme.split("## What is there", 1)[1].split("\n\n", 2)[1]
-    missing = [name for name in [*public, *datasets] if not re.search(rf"\b{name}\b", table)]
+    names = [*public, *datasets, *distributions]
+    missing = [name for name in names if not re.search(rf"\b{name}\b", table)]
     assert not missing, f"the README's table lacks {missing}"
+
+
+def test_readme_table_names_import_where_it_says():
+    """Every dotted `pymc_optim.<module>.<Name>` in the README's table is importable as written."""
+    import importlib
+
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("## What is there", 1)[1].split("\n\n", 2)[1]
+    dotted = set(re.findall(r"`(pymc_optim(?:\.\w+)+)", table))
+    assert dotted, "the table names no module path"
+    unreachable = []
+    for path in sorted(dotted):
+        module, _, name = path.rpartition(".")
+        try:
+            importlib.import_module(path)
+        except ImportError:
+            if not hasattr(importlib.import_module(module), name):
+                unreachable.append(path)
+    assert not unreachable, f"the README names {unreachable}, which do not import as written"
 
 
 @pytest.mark.slow

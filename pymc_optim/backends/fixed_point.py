@@ -32,10 +32,6 @@ class FixedPointOp(SolverOp):
         self.max_iter = max_iter
 
     @property
-    def value(self) -> TensorVariable:
-        return self.condition.residual_norm()
-
-    @property
     def flat_update(self) -> TensorVariable:
         """T(x, θ) flattened, on the inner variables."""
         return _concat_flat(self.problem.inner_outputs)

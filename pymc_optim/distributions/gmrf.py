@@ -126,44 +126,19 @@ class ICAR:
     True
     """
 
-    def __new__(
-        cls,
-        name: str,
-        edges=None,
-        *,
-        adjacency=None,
-        weights=None,
-        n: int | None = None,
-        sigma=1.0,
-        constraint: Literal["sum_to_zero", "soft", "corner"] = "sum_to_zero",
-        epsilon: float = 1e-3,
-        islands: Literal["error", "per_component"] = "error",
-        **kwargs,
-    ) -> TensorVariable:
-        graph = _icar_graph(edges, adjacency, weights, n, constraint, epsilon, islands)
-        if constraint == "sum_to_zero":
+    def __new__(cls, name: str, edges=None, **kwargs) -> TensorVariable:
+        graph, sigma, kwargs = _icar_arguments(edges, **kwargs)
+        if graph.constraint == "sum_to_zero":
             kwargs.setdefault("transform", ComponentZeroSumTransform(graph.component, graph.roots))
-        elif constraint == "corner":
+        elif graph.constraint == "corner":
             kwargs.setdefault("transform", _CornerTransform(graph.n, graph.free))
-        return pm.CustomDist(name, pm.floatX(sigma), **_icar_custom_dist_kwargs(graph), **kwargs)
+        return pm.CustomDist(name, sigma, **_icar_custom_dist_kwargs(graph), **kwargs)
 
     @classmethod
-    def dist(
-        cls,
-        edges=None,
-        *,
-        adjacency=None,
-        weights=None,
-        n: int | None = None,
-        sigma=1.0,
-        constraint: Literal["sum_to_zero", "soft", "corner"] = "sum_to_zero",
-        epsilon: float = 1e-3,
-        islands: Literal["error", "per_component"] = "error",
-        **kwargs,
-    ) -> TensorVariable:
+    def dist(cls, edges=None, **kwargs) -> TensorVariable:
         """The unnamed distribution (for ``pm.logp``, ``pm.draw``); same arguments as ``ICAR``."""
-        graph = _icar_graph(edges, adjacency, weights, n, constraint, epsilon, islands)
-        return pm.CustomDist.dist(pm.floatX(sigma), **_icar_custom_dist_kwargs(graph), **kwargs)
+        graph, sigma, kwargs = _icar_arguments(edges, **kwargs)
+        return pm.CustomDist.dist(sigma, **_icar_custom_dist_kwargs(graph), **kwargs)
 
     @staticmethod
     def hessian_structure(edges=None, *, adjacency=None, n: int | None = None, islands="error"):
@@ -326,16 +301,18 @@ def _rw_custom_dist_kwargs(n: int, order: int) -> dict:
             walk = pt.cumsum(walk)
         return pt.concatenate([pt.zeros((order,)), walk])
 
-    def support_point(rv, size, sigma):
-        return pt.zeros((n,))
+    return _vector_custom_dist("RW", dist, logp, lambda rv, size, sigma: pt.zeros((n,)))
 
+
+def _vector_custom_dist(class_name, dist, logp, support_point, ndims_params=(0,)) -> dict:
+    """``pm.CustomDist`` keyword arguments of a distribution over one vector (ndim_supp 1)."""
     return {
         "dist": dist,
         "logp": logp,
         "support_point": support_point,
         "ndim_supp": 1,
-        "ndims_params": [0],
-        "class_name": "RW",
+        "ndims_params": list(ndims_params),
+        "class_name": class_name,
     }
 
 
@@ -416,6 +393,24 @@ class _Graph:
         self.log_pdet = float(
             np.log(self.sizes).sum() + _cholesky.logdet(self.grounded._analysis(), lx)
         )
+
+
+def _icar_arguments(
+    edges=None,
+    *,
+    adjacency=None,
+    weights=None,
+    n: int | None = None,
+    sigma=1.0,
+    constraint: Literal["sum_to_zero", "soft", "corner"] = "sum_to_zero",
+    epsilon: float = 1e-3,
+    islands: Literal["error", "per_component"] = "error",
+    **kwargs,
+):
+    """``ICAR``'s arguments (one signature for the named and the unnamed form): the checked
+    graph, σ, and the keyword arguments left for ``pm.CustomDist``."""
+    graph = _icar_graph(edges, adjacency, weights, n, constraint, epsilon, islands)
+    return graph, pm.floatX(sigma), kwargs
 
 
 def _icar_graph(edges, adjacency, weights, n, constraint, epsilon, islands) -> _Graph:
@@ -617,17 +612,7 @@ def _icar_custom_dist_kwargs(graph: _Graph) -> dict:
             x = x + pm.Normal.dist(0.0, eps, shape=(c,))[graph.component]
         return pt.as_tensor_variable(sigma) * x
 
-    def support_point(rv, size, sigma):
-        return pt.zeros((n,))
-
-    return {
-        "dist": dist,
-        "logp": logp,
-        "support_point": support_point,
-        "ndim_supp": 1,
-        "ndims_params": [0],
-        "class_name": "ICAR",
-    }
+    return _vector_custom_dist("ICAR", dist, logp, lambda rv, size, sigma: pt.zeros((n,)))
 
 
 def _gmrf_custom_dist_kwargs(precision) -> dict:
@@ -668,11 +653,4 @@ def _gmrf_custom_dist_kwargs(precision) -> dict:
     def support_point(rv, size, mu, tau):
         return pt.broadcast_to(mu, (n,)).astype(rv.dtype)
 
-    return {
-        "dist": dist,
-        "logp": logp,
-        "support_point": support_point,
-        "ndim_supp": 1,
-        "ndims_params": [1, 0],
-        "class_name": "GMRF",
-    }
+    return _vector_custom_dist("GMRF", dist, logp, support_point, ndims_params=[1, 0])

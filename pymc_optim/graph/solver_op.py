@@ -64,8 +64,9 @@ class SolverOp(Op, HasInnerGraph):
 
     @property
     def value(self) -> TensorVariable:
-        """The scalar reported as ``solution_info(x_star).value``, on the inner variables."""
-        raise NotImplementedError
+        """The scalar reported as ``solution_info(x_star).value``, on the inner variables: the
+        residual norm ‖F‖₂ unless a subclass reports something else (an objective)."""
+        return self.condition.residual_norm()
 
     def numerical_functions(self) -> dict[str, tuple[list, list[TensorVariable]]]:
         """Named ``(more_inputs, outputs)`` pairs of inner expressions the backend evaluates.

@@ -42,6 +42,7 @@ True
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +57,7 @@ from pytensor.graph.replace import _vectorize_node
 from pytensor.tensor.blockwise import vectorize_node_fallback
 from pytensor.tensor.variable import TensorVariable
 
+from pymc_optim.backends.deferred import after_import
 from pymc_optim.linalg import _cholesky
 from pymc_optim.linalg.structure import LinearStructure, _concat_flat, _finite
 
@@ -726,12 +728,9 @@ def _vectorize_pattern_op(op: _PatternOp, node, *batched_inputs):
     return op.make_node(*batched_inputs)
 
 
-def _register_backends() -> None:
+def _register_jax() -> None:
     """Refuse the JAX backend at compile time with a message naming those that work."""
-    try:
-        from pytensor.link.jax.dispatch import jax_funcify
-    except ImportError:  # pragma: no cover - jax not installed
-        return
+    from pytensor.link.jax.dispatch import jax_funcify
 
     def refuse(op, **kwargs):
         raise NotImplementedError(
@@ -743,4 +742,5 @@ def _register_backends() -> None:
         jax_funcify.register(op_class)(refuse)
 
 
-_register_backends()
+if importlib.util.find_spec("jax") is not None:
+    after_import("pytensor.link.jax.dispatch", _register_jax)

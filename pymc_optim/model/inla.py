@@ -87,6 +87,7 @@ def fit_inla(
     hessian_structure: str = "auto",
     random_seed=None,
     progressbar: bool = True,
+    mean_correction: bool = True,
     **marginal_kwargs,
 ):
     """Posterior of a latent Gaussian model by INLA-style integration over its hyperparameters.
@@ -120,6 +121,9 @@ def fit_inla(
     random_seed : int or numpy.random.Generator, optional
     progressbar : bool, default True
         A progress bar over the marginal evaluations, then over latent recovery.
+    mean_correction : bool, default True
+        Centre each latent draw at the conditional mean to first order in the skewness of
+        p(x | θ, y) rather than at the mode (as in :func:`pymc_optim.recover_latent`).
     **marginal_kwargs
         Passed to :func:`pymc_optim.marginalize_laplace` (``method``, ``on_failure``,
         ``optimizer_kwargs``, ``block_size``).
@@ -256,7 +260,9 @@ def fit_inla(
             stacklevel=2,
         )
 
-    idata = _posterior(model, marginal_model, target, result.draws, rng, progressbar)
+    idata = _posterior(
+        model, marginal_model, target, result.draws, rng, progressbar, mean_correction
+    )
     inla = _inla_group(target, result, mode, hessian, used, mode_success)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*not defined in the InferenceData scheme")
@@ -781,7 +787,7 @@ def _split_normal(sigma: np.ndarray, n: int, rng) -> np.ndarray:
 
 
 # --- outputs --------------------------------------------------------------------------------------
-def _posterior(model, marginal_model, target, theta_draws, rng, progressbar):
+def _posterior(model, marginal_model, target, theta_draws, rng, progressbar, mean_correction):
     import arviz as az
 
     values = target.constrained(theta_draws)
@@ -809,7 +815,9 @@ def _posterior(model, marginal_model, target, theta_draws, rng, progressbar):
         _, _, mode, hessian, success = target.evaluate(theta_draws[draw], with_gradient=False)
         return mode, hessian, success
 
-    per_chain = _recover(marginal_model, solve, hyper, rng, progressbar, order=order)
+    per_chain = _recover(
+        marginal_model, solve, hyper, rng, progressbar, order=order, mean_correction=mean_correction
+    )
     _store_recovered(marginal_model, idata.posterior, per_chain)
     if model.deterministics:
         idata.posterior = pm.compute_deterministics(

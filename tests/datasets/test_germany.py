@@ -74,17 +74,11 @@ def test_bym2_laplace_nuts_hyperparameters_agree_with_long_full_nuts(laplace_run
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="recover_latent draws the Gaussian approximation N(x*, H⁻¹) of p(x | θ, y), centred "
-    "at the conditional mode, not its mean: the mean log relative risk comes out 0.75 posterior "
-    "sd above full NUTS (z = 22) and the relative risks' max |z| is 5.6 (INLA's simplified "
-    "Laplace correction of the latent marginals is not implemented)",
-)
 def test_bym2_laplace_latent_field_agrees_with_long_full_nuts(laplace_run):
     """The latent field's summaries within Monte Carlo error of full NUTS: for the mean log
     relative risk |z| ≤ 4; for the 544 relative risks max |z| ≤ 4.5 (Bonferroni over 544 at a
-    0.4 % family level)."""
+    0.4 % family level). This needs `recover_latent`'s mean correction: draws centred at the
+    conditional mode put the mean log relative risk 0.75 posterior sd above full NUTS (z = 22)."""
     bench, result = laplace_run
     reference = load_germany_reference()["summaries"]
     assert abs(float(bench.z_scores(result["summaries"], reference, "mean_log_risk"))) <= 4

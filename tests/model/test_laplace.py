@@ -472,6 +472,72 @@ def test_recovered_block_latent_follows_the_exact_conditional_posterior():
     _check_draws_against(x.values.reshape(-1, 2 * N_SLOPE_GROUPS), *slopes_conditional(mu, sigma_y))
 
 
+def _poisson_conditional_moments(y, group, mu, sigma):
+    """Mean and sd of each u_g | y, θ (the groups are independent given θ) by quadrature on a
+    fine grid: y_gj ~ Poisson(exp(u_g)), u_g ~ N(mu, sigma)."""
+    grid = np.linspace(mu - 12 * sigma - 4, mu + 12 * sigma + 4, 200_001)
+    means, sds = [], []
+    for g in range(group.max() + 1):
+        counts = y[group == g]
+        log_p = counts.sum() * grid - counts.size * np.exp(grid) - 0.5 * ((grid - mu) / sigma) ** 2
+        w = np.exp(log_p - log_p.max())
+        w /= w.sum()
+        mean = (grid * w).sum()
+        means.append(mean)
+        sds.append(np.sqrt(((grid - mean) ** 2 * w).sum()))
+    return np.array(means), np.array(sds)
+
+
+def test_recovered_poisson_latent_is_centred_at_the_conditional_mean():
+    """With counts, p(u | θ, y) is skewed and its mode sits above its mean (by ~1/(2y) for a
+    count y): draws centred at the mode are biased by 0.07–0.1 sd here. The mean correction
+    (−H⁻¹ ∇ ½ log det H) removes the first-order term. The draws' means are compared with
+    quadrature per group in units of their Monte Carlo standard error sd/√n: with it every
+    |z| ≤ 4 (8 groups, a 5·10⁻⁴ family level; the second-order residual, measured ≤ 0.022 sd at
+    the smallest count, is ≤ 2 of these units); without it every |z| > 4."""
+    rng = np.random.default_rng(3)
+    n_groups, per_group, mu, sigma = 8, 4, 1.0, 0.5
+    group = np.repeat(np.arange(n_groups), per_group)
+    y = rng.poisson(np.exp(mu + sigma * rng.standard_normal(n_groups))[group])
+    with pm.Model() as model:
+        pm.Normal("mu", 0.0, 2.0)
+        sigma_rv = pm.HalfNormal("sigma", 1.0)
+        u = pm.Normal("u", model["mu"], sigma_rv, shape=n_groups)
+        pm.Poisson("y", pm.math.exp(u[group]), observed=y)
+    marginal = pmo.marginalize_laplace(model, "u")
+    mean, sd = _poisson_conditional_moments(y, group, mu, sigma)
+    n = 8000
+    z = {}
+    for corrected in (True, False):
+        idata = az.from_dict(posterior={"mu": np.full((1, n), mu), "sigma": np.full((1, n), sigma)})
+        pmo.recover_latent(
+            marginal, idata, random_seed=1, progressbar=False, mean_correction=corrected
+        )
+        draws = idata.posterior["u"].values.reshape(n, n_groups)
+        z[corrected] = (draws.mean(0) - mean) / (sd / np.sqrt(n))
+    assert np.abs(z[True]).max() <= 4, z[True]
+    assert np.abs(z[False]).min() > 4, z[False]  # the check can fail: the mode is off
+
+
+def test_mean_correction_is_zero_where_the_likelihood_is_gaussian():
+    """H does not depend on x in a Gaussian–Gaussian model: the same seed gives the same draws
+    with and without the correction."""
+    compiled = compiled_intercepts("diagonal", True)
+    posterior = {"mu": np.full((1, 50), 1.0), "tau": np.full((1, 50), 0.8)}
+    posterior["sigma_y"] = np.full((1, 50), 0.6)
+    draws = [
+        pmo.recover_latent(
+            compiled.model,
+            az.from_dict(posterior=posterior),
+            random_seed=2,
+            progressbar=False,
+            mean_correction=corrected,
+        ).posterior["x"]
+        for corrected in (True, False)
+    ]
+    assert_allclose(draws[0], draws[1], rtol=0, atol=1e-12)
+
+
 @pytest.mark.slow
 def test_sampling_the_marginal_and_recovering_matches_full_nuts():
     """NUTS on (mu, tau, sigma_y) of the marginal + recover_latent against NUTS on the full model.
@@ -584,11 +650,17 @@ def test_transformed_latent_is_marginalized_in_its_unconstrained_space():
     logp = marginal.compile_logp()({"s_log__": np.array(np.log(s_value))})
     assert_allclose(logp, expected, rtol=0, atol=1e-9)
 
-    # the draws are exp of N(z*, 1/H): their logs match within 4 standard errors
-    idata = az.from_dict(posterior={"s": np.full((2, N_DRAWS // 2), s_value)})
-    pmo.recover_latent(marginal, idata, random_seed=5, progressbar=False)
-    log_draws = np.log(idata.posterior["lam"].values.reshape(-1, 3))
-    _check_draws_against(log_draws, z, np.diag(1 / curvature))
+    # the draws are exp of N(z* + δ, 1/H), δ = −H′/(2H²) the mean correction (−H⁻¹ ∂_z ½ log H,
+    # H′ = (4e^{2z} − y e^z)/σ² by hand), or of N(z*, 1/H) without it: their logs match within
+    # 4 standard errors
+    slope = (4 * np.exp(2 * z) - Y_POSITIVE * np.exp(z)) / SIGMA_POSITIVE**2
+    for corrected, centre in ((True, z - slope / (2 * curvature**2)), (False, z)):
+        idata = az.from_dict(posterior={"s": np.full((2, N_DRAWS // 2), s_value)})
+        pmo.recover_latent(
+            marginal, idata, random_seed=5, progressbar=False, mean_correction=corrected
+        )
+        log_draws = np.log(idata.posterior["lam"].values.reshape(-1, 3))
+        _check_draws_against(log_draws, centre, np.diag(1 / curvature))
 
 
 # --- 5. errors ------------------------------------------------------------------------------------

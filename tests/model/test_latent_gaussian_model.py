@@ -134,24 +134,33 @@ def test_non_log_concave_likelihood_keeps_the_general_path_for_a_covariance_prio
 
 
 def test_recover_latent_draws_from_the_latent_gaussian_laplace_approximation():
-    """recover_latent on the covariance form draws N(x*, (K⁻¹ + W)⁻¹), W = diag(exp x*) for
-    Poisson counts: 4000 draws at one hyperparameter, means within 5 standard errors and
-    variances within 5 standard errors (sd of a sample variance: σ² √(2/n)) of dense algebra."""
+    """recover_latent on the covariance form draws N(x* + δ, H⁻¹), H = K⁻¹ + W, W = diag(exp x*)
+    for Poisson counts, and δ = −H⁻¹ ∇ ½ log det H(x*) = −½ H⁻¹ (diag(H⁻¹) ∘ exp x*) its mean
+    correction (by hand: ∂_a log det H = (H⁻¹)_aa exp x_a), or N(x*, H⁻¹) without it: 4000
+    draws at one hyperparameter, means within 5 standard errors and variances within 5 standard
+    errors (sd of a sample variance: σ² √(2/n)) of dense algebra."""
     import arviz as az
     from pytensor.graph.replace import graph_replace
 
     model = _model("mvnormal_cov")
     fast = pmo.marginalize_laplace(model, "f")
     s, n_draws = 0.8, 4000
-    idata = az.from_dict(posterior={"s": np.full((1, n_draws), s)})
-    idata = pmo.recover_latent(fast, idata, random_seed=2, progressbar=False)
-    assert bool(idata.posterior["f_solved"].all())
-    draws = idata.posterior["f"].values.reshape(n_draws, 6)
     info = pmo.laplace_info(fast)
     mode = graph_replace(info.mode, {fast["s"]: pt.constant(s)}, strict=False).eval()
-    variance = np.diag(np.linalg.inv(np.linalg.inv(_kernel(s).eval()) + np.diag(np.exp(mode))))
-    assert np.all(np.abs(draws.mean(0) - mode) < 5 * np.sqrt(variance / n_draws))
-    assert np.all(np.abs(draws.var(0) - variance) < 5 * variance * np.sqrt(2 / n_draws))
+    covariance = np.linalg.inv(np.linalg.inv(_kernel(s).eval()) + np.diag(np.exp(mode)))
+    variance = np.diag(covariance)
+    shift = -0.5 * covariance @ (variance * np.exp(mode))
+    for corrected, mean in ((True, mode + shift), (False, mode)):
+        idata = az.from_dict(posterior={"s": np.full((1, n_draws), s)})
+        idata = pmo.recover_latent(
+            fast, idata, random_seed=2, progressbar=False, mean_correction=corrected
+        )
+        assert bool(idata.posterior["f_solved"].all())
+        draws = idata.posterior["f"].values.reshape(n_draws, 6)
+        assert np.all(np.abs(draws.mean(0) - mean) < 5 * np.sqrt(variance / n_draws)), corrected
+        assert np.all(np.abs(draws.var(0) - variance) < 5 * variance * np.sqrt(2 / n_draws))
+    # the two centres are told apart: δ lies outside the 5-standard-error band (9–12 of them)
+    assert np.all(np.abs(shift) > 5 * np.sqrt(variance / n_draws))
 
 
 #: Stan's embedded Laplace + NUTS on the same model and data, 4 chains × 500 draws

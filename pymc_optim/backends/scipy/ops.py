@@ -151,10 +151,6 @@ class RootOp(SolverOp):
         self.jac = jac
         self.options = options
 
-    @property
-    def value(self) -> TensorVariable:
-        return self.condition.residual_norm()
-
     def numerical_functions(self):
         if self.jac:
             return {
