@@ -4,7 +4,9 @@
 ``Blockwise``, which loops over the batch in Python. Independent problems stacked together have
 a block-diagonal A (each problem's block) — so the batch is solved as *one* Newton or fixed-point
 iteration on the stacked unknowns, with the per-problem structure kept inside each block:
-dense blocks of size n become ``block_diagonal(n)``, diagonal stays diagonal. The implicit rule
+dense blocks of size n become ``block_diagonal(n)``, diagonal stays diagonal, and a sparse A on
+a pattern becomes one block per problem on that pattern (`StackedSparseStructure`: one symbolic
+analysis, one numeric factorization per problem). The implicit rule
 then differentiates the stacked problem with the same structured solve.
 
 The stacked Newton solve takes its decisions per problem (step length, stopping tests,
@@ -114,6 +116,8 @@ def _stacked_structure(op: SolverOp) -> LinearStructure | None:
     static size of a single control (the block size); then the batch falls back to a loop.
     """
     structure = op.condition.structure
+    if structure.kind == "sparse":  # one block per problem, each on the one-problem pattern
+        return structure.stacked()
     # A built from parts (a latent Gaussian) has no stacked form stated: like a dense A, the
     # stack is block-diagonal, its blocks differentiated from F (the parts are not carried).
     if structure.kind != "dense" and not op.condition.parts:

@@ -33,6 +33,7 @@ __all__ = [
     "Symbolic",
     "analyse",
     "factorize",
+    "factorize_simplicial",
     "forward_permuted",
     "logdet",
     "sample",
@@ -75,6 +76,11 @@ class Symbolic:
         "l_indices",
         "l_map",
         "max_column",
+        "sn_start",
+        "col_to_sn",
+        "sn_xptr",
+        "x_map",
+        "l_to_x",
     )
 
     @property
@@ -157,11 +163,56 @@ def analyse(rows: np.ndarray, cols: np.ndarray, n: int) -> Symbolic:
     l_keys = np.repeat(np.arange(n, dtype=np.int64), column_counts) * n + l_indices
     symbolic.l_map = np.searchsorted(l_keys, upper_row * n + upper_col)
     symbolic.max_column = int(column_counts.max())
+    _supernodes(symbolic, parent, column_counts, l_keys, upper_row * n + upper_col)
     return symbolic
 
 
+def _supernodes(symbolic: Symbolic, parent, column_counts, l_keys, user_keys) -> None:
+    """Fundamental supernodes of L: runs of columns j, j+1, … with parent(j) = j + 1 and
+    |L[:, j]| = |L[:, j+1]| + 1, i.e. struct L[:, j] = {j} ∪ struct L[:, j+1]. A supernode with
+    columns [f, l) and rows R = struct L[:, f] is one dense (|R|, l − f) block, row-major; the
+    numeric factorization works on these blocks (`_numeric_supernodal`) and the factor is
+    then copied into the column layout (`l_to_x`) the other kernels read."""
+    n = symbolic.n
+    joins = np.zeros(n, dtype=bool)
+    if n > 1:
+        j = np.arange(n - 1)
+        joins[1:] = (parent[j] == j + 1) & (column_counts[j] == column_counts[j + 1] + 1)
+    sn_start = np.append(np.flatnonzero(~joins), n).astype(np.int64)
+    widths = np.diff(sn_start)
+    heights = column_counts[sn_start[:-1]]
+    sn_xptr = np.zeros(widths.size + 1, dtype=np.int64)
+    np.cumsum(widths * heights, out=sn_xptr[1:])
+    col_to_sn = np.repeat(np.arange(widths.size, dtype=np.int64), widths)
+    # Entry p of column j (row l_indices[p]) is local row (j − f) + (p − l_indptr[j]) and local
+    # column j − f of its supernode's block.
+    l_indptr = symbolic.l_indptr
+    column = np.repeat(np.arange(n, dtype=np.int64), column_counts)
+    first = sn_start[col_to_sn[column]]
+    local_row = (column - first) + (np.arange(l_indptr[-1]) - l_indptr[column])
+    width = widths[col_to_sn[column]]
+    symbolic.l_to_x = sn_xptr[col_to_sn[column]] + local_row * width + (column - first)
+    symbolic.x_map = symbolic.l_to_x[np.searchsorted(l_keys, user_keys)]
+    symbolic.sn_start = sn_start
+    symbolic.col_to_sn = col_to_sn
+    symbolic.sn_xptr = sn_xptr
+
+
 def factorize(symbolic: Symbolic, values: np.ndarray) -> tuple[np.ndarray, int]:
-    """Numeric factor values of L; second output the failing pivot (-1 when SPD)."""
+    """Numeric factor values of L (column layout); second output the failing pivot (-1 when
+    SPD). Supernodal: dense blocks, each updated by its descendants' blocks (see
+    `_numeric_supernodal`)."""
+    s = symbolic
+    x = np.bincount(s.x_map, weights=values, minlength=int(s.sn_xptr[-1]))
+    failed = _numeric_supernodal(
+        s.sn_start, s.sn_xptr, s.col_to_sn, s.l_indptr, s.l_indices, x, GEMM_MIN
+    )
+    return x[s.l_to_x], int(failed)
+
+
+def factorize_simplicial(symbolic: Symbolic, values: np.ndarray) -> tuple[np.ndarray, int]:
+    """`factorize` by the up-looking simplicial algorithm, column by column (the reference the
+    supernodal kernel is tested against)."""
     s = symbolic
     cx = np.zeros(len(s.c_indices))
     np.add.at(cx, s.c_map, values)
@@ -192,7 +243,8 @@ def solve(symbolic: Symbolic, lx: np.ndarray, b: np.ndarray) -> np.ndarray:
 def sample(symbolic: Symbolic, lx: np.ndarray, z: np.ndarray) -> np.ndarray:
     """Pᵀ L⁻ᵀ z: for z ~ N(0, I) (shape (n,) or (n, k)) a draw from N(0, A⁻¹)."""
     s = symbolic
-    y = np.ascontiguousarray(z.reshape(s.n, -1), dtype=np.float64)
+    # a copy: _backward works in place, and z (an Op's input) must not change
+    y = np.array(z.reshape(s.n, -1), dtype=np.float64, order="C")
     _backward(s.n, s.l_indptr, s.l_indices, lx, y)
     out = np.empty_like(y)
     out[s.perm] = y
@@ -316,6 +368,92 @@ def _numeric(
         if not d > 0.0:  # also catches NaN
             return k
         lx[l_indptr[k]] = np.sqrt(d)
+    return -1
+
+
+#: Below this many multiply-adds a block update runs as loops; above, as one matrix product.
+GEMM_MIN = 4096
+
+
+@_jit
+def _numeric_supernodal(sn_start, sn_xptr, col_to_sn, l_indptr, l_indices, x, gemm_min):
+    """Left-looking supernodal Cholesky, in place on the blocks `x` (assembled from A).
+
+    Supernode s (columns [f, l), rows R_s, block B_s of shape (|R_s|, l − f)) receives, from
+    each earlier supernode d with rows in [f, l) (rows p1:p2 of R_d), the update
+    B_d[p1:, :] B_d[p1:p2, :]ᵀ scattered into B_s by global row; then its diagonal block is
+    factorized and the rows below it solved (B_s ← B_s L_ss⁻ᵀ) in one pass. An update of at
+    least `gemm_min` multiply-adds is one matrix product (BLAS), a smaller one loops. After its own
+    factorization, and after each update, d waits in the list of the supernode of its next
+    row (the classical linked lists of left-looking Cholesky). Returns the failing column or -1.
+    """
+    n_super = sn_start.size - 1
+    n = sn_start[n_super]
+    head = np.full(n_super, -1, dtype=np.int64)
+    following = np.full(n_super, -1, dtype=np.int64)
+    position = np.zeros(n_super, dtype=np.int64)
+    local = np.zeros(n, dtype=np.int64)
+    for s in range(n_super):
+        f = sn_start[s]
+        w = sn_start[s + 1] - f
+        r0 = l_indptr[f]
+        height = l_indptr[f + 1] - r0
+        block = x[sn_xptr[s] : sn_xptr[s] + height * w].reshape(height, w)
+        for r in range(height):
+            local[l_indices[r0 + r]] = r
+        d = head[s]
+        while d != -1:
+            next_d = following[d]
+            fd = sn_start[d]
+            wd = sn_start[d + 1] - fd
+            rd0 = l_indptr[fd]
+            height_d = l_indptr[fd + 1] - rd0
+            source = x[sn_xptr[d] : sn_xptr[d] + height_d * wd].reshape(height_d, wd)
+            p1 = position[d]
+            p2 = p1
+            while p2 < height_d and l_indices[rd0 + p2] < f + w:
+                p2 += 1
+            m1 = height_d - p1
+            m2 = p2 - p1
+            if wd * m1 * m2 >= gemm_min:
+                update = np.dot(source[p1:, :], source[p1:p2, :].T)
+                for b in range(m2):
+                    col = l_indices[rd0 + p1 + b] - f
+                    for a in range(b, m1):
+                        block[local[l_indices[rd0 + p1 + a]], col] -= update[a, b]
+            else:
+                for b in range(m2):
+                    col = l_indices[rd0 + p1 + b] - f
+                    for a in range(b, m1):
+                        total = 0.0
+                        for k in range(wd):
+                            total += source[p1 + a, k] * source[p1 + b, k]
+                        block[local[l_indices[rd0 + p1 + a]], col] -= total
+            if p2 < height_d:
+                t = col_to_sn[l_indices[rd0 + p2]]
+                position[d] = p2
+                following[d] = head[t]
+                head[t] = d
+            d = next_d
+        # the diagonal block's Cholesky and the rows below, column by column
+        for j in range(w):
+            total = block[j, j]
+            for k in range(j):
+                total -= block[j, k] * block[j, k]
+            if not total > 0.0:  # also catches NaN
+                return f + j
+            diagonal = np.sqrt(total)
+            block[j, j] = diagonal
+            for i in range(j + 1, height):
+                total = block[i, j]
+                for k in range(j):
+                    total -= block[i, k] * block[j, k]
+                block[i, j] = total / diagonal
+        if height > w:
+            t = col_to_sn[l_indices[r0 + w]]
+            position[s] = w
+            following[s] = head[t]
+            head[t] = s
     return -1
 
 

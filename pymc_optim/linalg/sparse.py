@@ -53,6 +53,8 @@ import pytensor.tensor as pt
 from pytensor.gradient import grad_not_implemented
 from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
+from pytensor.graph.replace import _vectorize_node
+from pytensor.tensor.blockwise import vectorize_node_fallback
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_optim.backends.deferred import after_import
@@ -66,6 +68,7 @@ __all__ = [
     "SparsePattern",
     "SparseSolveOp",
     "SparseStructure",
+    "StackedSparseStructure",
 ]
 
 
@@ -139,6 +142,7 @@ class SparsePattern:
         ).hexdigest()
         self._symbolic = _cholesky.analyse(rows, cols, n)
         self._last: tuple[np.ndarray, np.ndarray, int] | None = None
+        self._last_batch: tuple[np.ndarray, list] | None = None
 
     @classmethod
     def from_scipy(cls, matrix) -> tuple[SparsePattern, np.ndarray]:
@@ -257,6 +261,27 @@ class SparsePattern:
             self._last = (values.copy(), lx, failed)
         return (None if failed >= 0 else lx), symbolic
 
+    def _factors(self, values: np.ndarray) -> list[np.ndarray | None]:
+        """Numeric factors of a batch of matrices on this pattern, `values` of shape (B, nnz):
+        one symbolic analysis, B numeric factorizations (None where not positive definite);
+        the last batch is cached like `_factor`'s last matrix."""
+        values = np.asarray(values, dtype=np.float64)
+        if values.ndim != 2 or values.shape[1] != self.nnz:
+            raise ValueError(
+                f"`values` must have shape (B, {self.nnz}) for a batch on this pattern; got "
+                f"shape {values.shape}."
+            )
+        last = self._last_batch
+        if last is not None and np.array_equal(last[0], values):
+            return last[1]
+        symbolic = self._analysis()
+        factors = []
+        for row in values:
+            lx, failed = _cholesky.factorize(symbolic, row)
+            factors.append(None if failed >= 0 else lx)
+        self._last_batch = (values.copy(), factors)
+        return factors
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, SparsePattern) and other._key == self._key
 
@@ -270,6 +295,7 @@ class SparsePattern:
         self.__dict__.update(state)
         self._symbolic = None
         self._last = None
+        self._last_batch = None
 
     def __repr__(self) -> str:
         return f"SparsePattern(n={self.n}, nnz={self.nnz})"
@@ -323,6 +349,10 @@ class SparseStructure(LinearStructure):
         rows = np.concatenate([np.arange(n), key // n])
         cols = np.concatenate([np.arange(n), key % n])
         return cls(pattern=SparsePattern(rows, cols, n))
+
+    def stacked(self) -> StackedSparseStructure:
+        """The structure of B such problems stacked (:mod:`pymc_optim.backends.vectorize`)."""
+        return StackedSparseStructure(pattern=self.pattern)
 
     @property
     def n_colors(self) -> int:
@@ -384,10 +414,99 @@ class SparseStructure(LinearStructure):
         return out + np.bincount(cols[off], weights=A[off] * v[rows[off]], minlength=n)
 
 
+@dataclass(frozen=True)
+class StackedSparseStructure(SparseStructure):
+    """B independent sparse problems on one :class:`SparsePattern`, stacked (a native batch).
+
+    :mod:`pymc_optim.backends.vectorize` solves a batch of sparse Newton problems as one
+    problem on the stacked unknowns (B contiguous runs of n = ``pattern.n``); the stacked A is
+    block-diagonal with one block per problem, each on ``pattern``. A in compact form is a
+    (B, nnz) array of the blocks' values: the colouring of one block serves every block (the
+    blocks share no unknowns), so the same G Hessian-vector products build all B blocks; each
+    block is factorized on the one symbolic analysis of ``pattern``. Positive definiteness is
+    reported per problem, and a problem that is not positive definite gets NaN in its own rows
+    of a solve only.
+
+    Parameters
+    ----------
+    pattern : SparsePattern
+        The pattern of one problem's A.
+    """
+
+    def stacked(self) -> StackedSparseStructure:
+        return self
+
+    # --- symbolic ------------------------------------------------------------------------------
+    def jacobian(self, F: TensorVariable, xs) -> TensorVariable:
+        """The (B, nnz) values of the B blocks: one reverse pass per colour of one block."""
+        xs = list(xs)
+        F = F.ravel()
+        n = self.pattern.n
+        colors = pt.as_tensor_variable(self._colors)[pt.arange(F.shape[0]) % n]
+        products = [
+            _concat_flat(
+                pytensor.gradient.grad(
+                    (F * pt.eq(colors, g)).sum(), xs, disconnected_inputs="ignore"
+                )
+            )
+            for g in range(self.n_colors)
+        ]
+        stacked = pt.stack(products).reshape((self.n_colors, -1, n)).transpose(1, 0, 2)
+        return stacked[:, self._colors[self.pattern.rows], self.pattern.cols]
+
+    def solve(self, A, rhs, *, transposed: bool, symmetric: bool) -> TensorVariable:
+        if not symmetric:
+            return super().solve(A, rhs, transposed=transposed, symmetric=symmetric)
+        return self.pattern.solve(A, rhs.reshape((A.shape[0], self.pattern.n))).reshape((-1,))
+
+    def logdet_positive_definite(self, A) -> TensorVariable:
+        """log det of the stacked (block-diagonal) A: the sum over its blocks."""
+        return self.pattern.logdet(A).sum()
+
+    def sample_gaussian(self, mean, precision, noise) -> TensorVariable:
+        n = self.pattern.n
+        noise = pt.as_tensor_variable(noise).reshape((precision.shape[0], n))
+        draw = SparseFactorSolveOp(self.pattern, transposed=True)(precision, noise)
+        return pt.as_tensor_variable(mean) + draw.reshape((-1,))
+
+    # --- numerical -----------------------------------------------------------------------------
+    def positive_definite(self, A) -> TensorVariable:
+        """One boolean per problem: its block's sparse log-determinant is finite."""
+        return _finite(self.pattern.logdet(A))
+
+    def positive_definite_numpy(self, A: np.ndarray) -> np.ndarray:
+        return np.array([lx is not None for lx in self.pattern._factors(A)], dtype=bool)
+
+    @property
+    def compact_ndim(self) -> int:
+        return 2  # the values on the pattern, one row per problem
+
+    def solve_numpy(self, A: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+        """Per problem H_b⁻¹ rhs_b; NaN in the rows of a problem whose block is not positive
+        definite (the others are solved)."""
+        symbolic = self.pattern._analysis()
+        rhs = np.asarray(rhs, dtype=np.float64).reshape(A.shape[0], self.pattern.n)
+        out = np.full(rhs.shape, np.nan)
+        for b, lx in enumerate(self.pattern._factors(A)):
+            if lx is not None:
+                out[b] = _cholesky.solve(symbolic, lx, rhs[b])
+        return out.reshape(-1)
+
+    def matvec_numpy(self, A: np.ndarray, v: np.ndarray) -> np.ndarray:
+        n = self.pattern.n
+        v = np.asarray(v).reshape(A.shape[0], n)
+        one = super().matvec_numpy
+        return np.concatenate([one(a, vb) for a, vb in zip(A, v, strict=True)])
+
+
 # --- Ops --------------------------------------------------------------------------------------
 
 
 class _PatternOp(Op):
+    """An Op on the values of a matrix on `pattern`: a vector (nnz,), or a batch (B, nnz) of B
+    independent matrices on the same pattern (a native batch of sparse problems,
+    :class:`StackedSparseStructure`): one symbolic analysis, one numeric factorization each."""
+
     __props__ = ("pattern",)
 
     def __init__(self, pattern: SparsePattern):
@@ -397,23 +516,31 @@ class _PatternOp(Op):
 
     def _values(self, values) -> TensorVariable:
         values = pt.as_tensor_variable(values)
-        if values.ndim != 1:
+        if values.ndim not in (1, 2):
             raise ValueError(
                 f"`values` must be a vector with one entry per pattern entry ({self.pattern.nnz}"
-                f"); got a {values.ndim}-d tensor. Batch over matrices with separate Ops."
+                f"), or a (B, {self.pattern.nnz}) batch of them; got a {values.ndim}-d tensor."
             )
-        if values.type.shape[0] not in (None, self.pattern.nnz):
+        if values.type.shape[-1] not in (None, self.pattern.nnz):
             raise ValueError(
                 f"`values` must have length {self.pattern.nnz} (the pattern's entries); got "
-                f"static length {values.type.shape[0]}."
+                f"static length {values.type.shape[-1]}."
             )
         return pt.cast(values, "float64")
 
-    def _rhs(self, b) -> TensorVariable:
+    def _rhs(self, b, values) -> TensorVariable:
         b = pt.cast(pt.as_tensor_variable(b), "float64")
-        if b.ndim not in (1, 2):
-            raise ValueError(f"`b` must have shape (n,) or (n, k); got a {b.ndim}-d tensor.")
-        if b.type.shape[0] not in (None, self.pattern.n):
+        if values.ndim == 2:
+            if b.ndim != 2:
+                raise ValueError(
+                    f"`b` must have shape (B, n) for a batch of matrices; got a {b.ndim}-d tensor."
+                )
+            rows = b.type.shape[1]
+        else:
+            if b.ndim not in (1, 2):
+                raise ValueError(f"`b` must have shape (n,) or (n, k); got a {b.ndim}-d tensor.")
+            rows = b.type.shape[0]
+        if rows not in (None, self.pattern.n):
             raise ValueError(
                 f"`b` must have {self.pattern.n} rows (the matrix size); got static shape "
                 f"{b.type.shape}."
@@ -424,9 +551,27 @@ class _PatternOp(Op):
         """2 for strictly-lower entries (they stand for two symmetric positions), 1 diagonal."""
         return np.where(self.pattern.rows == self.pattern.cols, 1.0, 2.0)
 
+    def _each(self, values, function, *others, fill_shape):
+        """`function(lx, symbolic, *others_b)` per matrix (values 1-d: one matrix, 2-d: a batch,
+        the others sliced along their first axis); NaN of `fill_shape` where one is not
+        positive definite."""
+        symbolic = self.pattern._analysis()
+        if values.ndim == 1:
+            lx, _ = self.pattern._factor(values)
+            return np.full(fill_shape, np.nan) if lx is None else function(lx, symbolic, *others)
+        factors = self.pattern._factors(values)
+        results = [
+            np.full(fill_shape, np.nan)
+            if lx is None
+            else function(lx, symbolic, *(o[b] for o in others))
+            for b, lx in enumerate(factors)
+        ]
+        return np.stack(results) if results else np.zeros((0, *fill_shape))
+
 
 class SparseLogdetOp(_PatternOp):
-    """log det H for H given by its values on a :class:`SparsePattern`.
+    """log det H for H given by its values on a :class:`SparsePattern` (one per matrix of a
+    (B, nnz) batch).
 
     Notes
     -----
@@ -437,20 +582,20 @@ class SparseLogdetOp(_PatternOp):
 
     def make_node(self, values):
         values = self._values(values)
-        return Apply(self, [values], [pt.dscalar()])
+        return Apply(self, [values], [pt.dvector() if values.ndim == 2 else pt.dscalar()])
 
     def perform(self, node, inputs, outputs):
-        lx, symbolic = self.pattern._factor(inputs[0])
-        value = np.nan if lx is None else _cholesky.logdet(symbolic, lx)
+        value = self._each(inputs[0], lambda lx, s: _cholesky.logdet(s, lx), fill_shape=())
         outputs[0][0] = np.asarray(value, dtype=np.float64)
 
     def infer_shape(self, fgraph, node, shapes):
-        return [()]
+        return [shapes[0][:-1]]
 
     def L_op(self, inputs, outputs, output_grads):
         (values,) = inputs
         selected = SelectedInverseOp(self.pattern)(values)
-        return [output_grads[0] * self._weights() * selected]
+        g = output_grads[0][:, None] if values.ndim == 2 else output_grads[0]
+        return [g * self._weights() * selected]
 
 
 class SelectedInverseOp(_PatternOp):
@@ -458,17 +603,17 @@ class SelectedInverseOp(_PatternOp):
 
     def make_node(self, values):
         values = self._values(values)
-        return Apply(self, [values], [pt.dvector()])
+        return Apply(self, [values], [values.type()])
 
     def perform(self, node, inputs, outputs):
-        lx, symbolic = self.pattern._factor(inputs[0])
-        if lx is None:
-            outputs[0][0] = np.full(self.pattern.nnz, np.nan)
-        else:
-            outputs[0][0] = _cholesky.selected_inverse(symbolic, lx)
+        outputs[0][0] = self._each(
+            inputs[0],
+            lambda lx, s: _cholesky.selected_inverse(s, lx),
+            fill_shape=(self.pattern.nnz,),
+        )
 
     def infer_shape(self, fgraph, node, shapes):
-        return [(self.pattern.nnz,)]
+        return [shapes[0]]
 
     def L_op(self, inputs, outputs, output_grads):
         # d(H⁻¹) = −H⁻¹ dH H⁻¹ needs H⁻¹ off the pattern: second derivatives of log det H are
@@ -477,7 +622,7 @@ class SelectedInverseOp(_PatternOp):
 
 
 class SparseSolveOp(_PatternOp):
-    """x = H⁻¹ b, b of shape (n,) or (n, k).
+    """x = H⁻¹ b, b of shape (n,) or (n, k); for a (B, nnz) batch of matrices b is (B, n).
 
     Notes
     -----
@@ -488,16 +633,18 @@ class SparseSolveOp(_PatternOp):
 
     def make_node(self, values, b):
         values = self._values(values)
-        b = self._rhs(b)
+        b = self._rhs(b, values)
         return Apply(self, [values, b], [b.type()])
 
     def perform(self, node, inputs, outputs):
         values, b = inputs
-        lx, symbolic = self.pattern._factor(values)
-        if lx is None:
-            outputs[0][0] = np.full(b.shape, np.nan)
-        else:
-            outputs[0][0] = _cholesky.solve(symbolic, lx, np.asarray(b))
+        b = np.asarray(b)
+        outputs[0][0] = self._each(
+            values,
+            lambda lx, s, rhs: _cholesky.solve(s, lx, rhs),
+            b,
+            fill_shape=b.shape[values.ndim - 1 :],
+        )
 
     def infer_shape(self, fgraph, node, shapes):
         return [shapes[1]]
@@ -508,9 +655,12 @@ class SparseSolveOp(_PatternOp):
         b_bar = self(values, output_grads[0])
         rows, cols = self.pattern.rows, self.pattern.cols
         half = np.where(rows == cols, 0.5, 1.0)
-        product = b_bar[rows] * x[cols] + b_bar[cols] * x[rows]
-        if b.ndim == 2:
-            product = product.sum(axis=1)
+        if values.ndim == 2:  # (B, n) right-hand sides, one per matrix
+            product = b_bar[:, rows] * x[:, cols] + b_bar[:, cols] * x[:, rows]
+        else:
+            product = b_bar[rows] * x[cols] + b_bar[cols] * x[rows]
+            if b.ndim == 2:
+                product = product.sum(axis=1)
         return [-half * product, b_bar]
 
 
@@ -519,7 +669,7 @@ class SparseFactorSolveOp(_PatternOp):
 
     H = Pᵀ L Lᵀ P with P the fill-reducing permutation, so Cov(Pᵀ L⁻ᵀ z) = H⁻¹. The two
     directions are each other's pullback in z; the derivative in the values (of the Cholesky
-    factor itself) is not implemented.
+    factor itself) is not implemented. For a (B, nnz) batch of matrices z is (B, n).
     """
 
     __props__ = ("pattern", "transposed")
@@ -530,19 +680,16 @@ class SparseFactorSolveOp(_PatternOp):
 
     def make_node(self, values, z):
         values = self._values(values)
-        z = self._rhs(z)
+        z = self._rhs(z, values)
         return Apply(self, [values, z], [z.type()])
 
     def perform(self, node, inputs, outputs):
         values, z = inputs
-        lx, symbolic = self.pattern._factor(values)
         z = np.asarray(z)
-        if lx is None:
-            outputs[0][0] = np.full(z.shape, np.nan)
-        elif self.transposed:
-            outputs[0][0] = _cholesky.sample(symbolic, lx, z)
-        else:
-            outputs[0][0] = _cholesky.forward_permuted(symbolic, lx, z)
+        kernel = _cholesky.sample if self.transposed else _cholesky.forward_permuted
+        outputs[0][0] = self._each(
+            values, lambda lx, s, u: kernel(s, lx, u), z, fill_shape=z.shape[values.ndim - 1 :]
+        )
 
     def infer_shape(self, fgraph, node, shapes):
         return [shapes[1]]
@@ -564,6 +711,21 @@ def _as_index_vector(index, name: str) -> np.ndarray:
             f"shape {array.shape}."
         )
     return np.ascontiguousarray(array, dtype=np.int64)
+
+
+@_vectorize_node.register(_PatternOp)
+def _vectorize_pattern_op(op: _PatternOp, node, *batched_inputs):
+    """`vectorize_graph` over one batch dimension of the values (and of b or z alike): the
+    same Op on (B, nnz) values, one factorization per matrix, instead of a Blockwise loop
+    over copies of the Op. Other batchings (b batched alone, several batch dimensions, b of
+    shape (n, k)) fall back to the Blockwise loop."""
+    core = node.inputs
+    batch = [new.type.ndim - old.type.ndim for new, old in zip(batched_inputs, core, strict=True)]
+    if not any(batch):
+        return op.make_node(*batched_inputs)
+    if batch != [1] * len(core) or any(old.type.ndim != 1 for old in core):
+        return vectorize_node_fallback(op, node, *batched_inputs)
+    return op.make_node(*batched_inputs)
 
 
 def _register_jax() -> None:

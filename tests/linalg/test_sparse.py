@@ -256,8 +256,10 @@ def test_bad_matrix_and_values_errors():
     pattern = SparsePattern([0, 1], [0, 1])
     with pytest.raises(ValueError, match=r"`values` must have length 2.*static length 3"):
         pattern.logdet(pt.zeros(3))
-    with pytest.raises(ValueError, match=r"`values` must be a vector.*got a 2-d tensor"):
-        pattern.logdet(pt.matrix("v"))
+    with pytest.raises(ValueError, match=r"`values` must be a vector.*or a \(B, 2\) batch.*3-d"):
+        pattern.logdet(pt.tensor3("v"))
+    with pytest.raises(ValueError, match=r"`b` must have shape \(B, n\) for a batch.*1-d"):
+        pattern.solve(pt.matrix("v"), pt.vector("b"))
     with pytest.raises(ValueError, match=r"`b` must have 2 rows.*static shape \(3,\)"):
         pattern.solve(pt.vector("v"), pt.zeros(3))
     f = pytensor.function([v := pt.vector("v")], pattern.logdet(v))
@@ -629,29 +631,166 @@ def test_structure_sparse_errors():
         pmo.marginalize_laplace(icar_poisson_model(3), "x", hessian_structure="banded")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="backends/vectorize.py stacks a batch with the one-problem sparse pattern, so every "
-    "stacked solve fails (recover_latent then re-solves draw by draw: right, but slow); "
-    "falling back to PyTensor's Blockwise breaks on the Laplace's boolean parameters",
-)
-def test_a_batch_of_sparse_solves_matches_the_solves_one_by_one():
-    """A vectorized sparse Newton solve (what recover_latent runs over a chain's draws) gives
-    each problem's own solution and success: the one-problem pattern is not stretched over
-    the stacked unknowns."""
-    from pytensor.graph.replace import vectorize_graph
-
-    n = 20
+def _batched_newton(n=20):
     x, tau = pt.vector("x"), pt.scalar("tau")
     objective = (
         0.5 * tau * ((x[1:] - x[:-1]) ** 2).sum() + (pt.exp(x) - (np.arange(n) % 3) * x).sum()
     )
     x_star, ok = pmo.minimize(objective, x, x0=np.zeros(n), method="newton", structure="sparse")
+    return x_star, ok, tau
+
+
+def test_a_batch_of_sparse_solves_matches_the_solves_one_by_one():
+    """A vectorized sparse Newton solve (a chain's draws solved at once) gives each problem's
+    own solution, success and implicit gradient: one block per problem on the one-problem
+    pattern, in one stacked Newton Op (no Blockwise loop)."""
+    from pytensor.graph.replace import vectorize_graph
+
+    from pymc_optim.backends.newton import NewtonOp
+    from pymc_optim.linalg.sparse import StackedSparseStructure
+
+    x_star, ok, tau = _batched_newton()
+    taus = pt.vector("taus")
+    batched_x, batched_ok = vectorize_graph([x_star, ok], {tau: taus})
+    loss = (batched_x**2 * np.linspace(1.0, 2.0, 20)).sum()
+    batched = pytensor.function([taus], [batched_x, batched_ok, pytensor.grad(loss, taus)])
+    single_loss = (x_star**2 * np.linspace(1.0, 2.0, 20)).sum()
+    single = pytensor.function([tau], [x_star, ok, pytensor.grad(single_loss, tau)])
+    newton = [node.op for node in batched.maker.fgraph.apply_nodes if isinstance(node.op, NewtonOp)]
+    assert len(newton) == 1 and isinstance(newton[0].condition.structure, StackedSparseStructure)
+    assert "Blockwise" not in {type(n.op).__name__ for n in batched.maker.fgraph.apply_nodes}
+    values = [0.5, 1.0, 2.0]
+    xs, oks, grads = batched(values)
+    assert oks.shape == (3,) and np.all(oks)
+    for k, t in enumerate(values):
+        x_k, ok_k, grad_k = single(t)
+        assert ok_k
+        np.testing.assert_allclose(xs[k], x_k, rtol=RTOL, atol=1e-12)
+        np.testing.assert_allclose(grads[k], grad_k, rtol=RTOL)
+
+
+def test_a_failing_problem_of_a_sparse_batch_leaves_the_others_alone():
+    """τ < 0 makes one problem's Hessian indefinite (no minimum): that problem alone fails."""
+    from pytensor.graph.replace import vectorize_graph
+
+    x_star, ok, tau = _batched_newton()
     taus = pt.vector("taus")
     batched = pytensor.function([taus], vectorize_graph([x_star, ok], {tau: taus}))
     single = pytensor.function([tau], [x_star, ok])
-    values = [0.5, 1.0, 2.0]
-    xs, oks = batched(values)
-    assert np.all(oks)
-    for k, t in enumerate(values):
+    xs, oks = batched([1.0, -50.0, 2.0])
+    assert list(oks) == [True, False, True]
+    for k, t in [(0, 1.0), (2, 2.0)]:
         np.testing.assert_allclose(xs[k], single(t)[0], rtol=RTOL, atol=1e-12)
+
+
+def test_batched_sparse_ops_match_the_ops_one_matrix_at_a_time(problem):
+    """(B, nnz) values: log det, its gradient, solve (and its gradients), the selected inverse
+    and the factor solve equal the one-matrix Ops row by row; a non-positive-definite matrix
+    gives NaN in its own row only."""
+    pattern, values, _ = problem
+    n = pattern.n
+    rng = np.random.default_rng(5)
+    batch = np.stack([values, 1.5 * values, 0.7 * values])
+    rhs = rng.normal(size=(3, n))
+    V, B = pt.matrix("V"), pt.matrix("B")
+    v, b = pt.vector("v"), pt.vector("b")
+    weights = rng.normal(size=n)
+
+    def outputs(vals, rhs_):
+        solved = SparseSolveOp(pattern)(vals, rhs_)
+        loss = SparseLogdetOp(pattern)(vals).sum() + (solved * weights).sum()
+        return [
+            SparseLogdetOp(pattern)(vals),
+            solved,
+            SelectedInverseOp(pattern)(vals),
+            SparseFactorSolveOp(pattern, transposed=True)(vals, rhs_),
+            SparseFactorSolveOp(pattern, transposed=False)(vals, rhs_),
+            *pytensor.grad(loss, [vals, rhs_]),
+        ]
+
+    batched = pytensor.function([V, B], outputs(V, B))(batch, rhs)
+    one = pytensor.function([v, b], outputs(v, b))
+    for k in range(3):
+        for got, want in zip(batched, one(batch[k], rhs[k]), strict=True):
+            np.testing.assert_allclose(got[k], want, rtol=RTOL, atol=1e-12)
+    if n > 1:
+        bad = batch.copy()
+        bad[1] = -bad[1]
+        logdets, solved = pytensor.function([V, B], outputs(V, B)[:2])(bad, rhs)
+        assert np.isnan(logdets[1]) and np.isnan(solved[1]).all()
+        assert np.isfinite(logdets[[0, 2]]).all() and np.isfinite(solved[[0, 2]]).all()
+
+
+def test_recover_latent_visits_near_draws_in_turn_and_keeps_each_draw_in_place():
+    """recover_latent solves a chain's draws along a nearest-neighbour tour of θ (each solve
+    starts at a close θ's mode): the tour is far shorter than the sampling order, and the
+    recovered draws equal those solved in sampling order (same noise per draw; modes agree to
+    the Newton tolerance, 1e-8 on the gradient of a problem with curvature ≳ 0.1)."""
+    import arviz as az
+
+    from pymc_optim.model.laplace import _nearest_neighbour_order, _recover
+
+    rng = np.random.default_rng(0)
+    points = rng.normal(size=(300, 2)) * [1.0, 50.0]
+    order = _nearest_neighbour_order(points)
+    assert sorted(order) == list(range(300)) and order[0] == 0
+    standardized = (points - points.mean(0)) / points.std(0)
+
+    def length(visits):
+        return np.linalg.norm(np.diff(standardized[visits], axis=0), axis=1).sum()
+
+    assert length(order) < 0.2 * length(list(range(300)))
+
+    model, _ = gmrf_poisson_model(4)
+    marginal = pmo.marginalize_laplace(model, "x", hessian_structure="sparse")
+    draws = {"tau": np.exp(rng.normal(0.2, 0.3, (2, 12))), "b": rng.normal(0.3, 0.2, (2, 12))}
+    idata = pmo.recover_latent(
+        marginal, az.from_dict(posterior=draws), random_seed=7, progressbar=False
+    )
+    node_rvs = list(marginal.free_RVs)
+    hyper = [draws[rv.name] for rv in node_rvs]
+    import pytensor
+    from pytensor.graph.replace import graph_replace
+
+    from pymc_optim.model.laplace import _laplace_node
+
+    node = _laplace_node(marginal)
+    values = [rv.type(name=rv.name) for rv in node_rvs]
+    outputs = graph_replace(node.inputs[1:4], dict(zip(node_rvs, values, strict=True)))
+    solve = pytensor.function(values, outputs, on_unused_input="ignore")
+    in_sequence = _recover(
+        marginal,
+        lambda draw, point, start: solve(*point),
+        hyper,
+        np.random.default_rng(7),
+        False,
+    )
+    for c in range(2):
+        np.testing.assert_allclose(
+            idata.posterior["x"].values[c], in_sequence[c][0], rtol=1e-6, atol=1e-7
+        )
+    assert idata.posterior["x_solved"].values.all()
+
+
+def test_vectorizing_the_sparse_ops_batches_the_values_without_a_blockwise_loop(problem):
+    """vectorize_graph over a batch of values (and right-hand sides) gives the Ops on (B, nnz)
+    values, no Blockwise; the values and the gradient equal the one-matrix graphs'."""
+    from pytensor.graph.replace import vectorize_graph
+
+    pattern, values, _ = problem
+    v, b = pt.vector("v"), pt.vector("b")
+    weights = np.linspace(-1.0, 1.0, pattern.n)
+    out = pattern.logdet(v) + (pattern.solve(v, b) * weights).sum()
+    outputs = [out, pattern.sample(v, 0.0, b), pytensor.grad(out, v)]
+    V, B = pt.matrix("V"), pt.matrix("B")
+    batched = pytensor.function([V, B], vectorize_graph(outputs, {v: V, b: B}))
+    ops = {type(node.op).__name__ for node in batched.maker.fgraph.apply_nodes}
+    assert "Blockwise" not in ops and {"SparseLogdetOp", "SparseSolveOp"} <= ops
+    one = pytensor.function([v, b], outputs)
+    rng = np.random.default_rng(2)
+    batch = np.stack([values, 1.3 * values])
+    rhs = rng.normal(size=(2, pattern.n))
+    got = batched(batch, rhs)
+    for k in range(2):
+        for g, want in zip(got, one(batch[k], rhs[k]), strict=True):
+            np.testing.assert_allclose(g[k], want, rtol=RTOL, atol=1e-12)
