@@ -130,8 +130,12 @@ def latent_gaussian_mode(objective, negative_likelihood, z, x0, prior, structure
         **options,
     )
     z_star, success = make_solution(op, [pt.as_tensor_variable(x0)], [], False)
-    curvature = graph_replace(likelihood_curvature(negative_likelihood, z), {z: z_star})
-    hessian = structure.jacobian(None, None, matrix, curvature)
+    # H at x* from the condition's own parts, as the implicit pullback builds A: the same graph
+    # twice, merged at compile time, so the log-determinant and the pullback's solve share one
+    # factorization of B (or of Q + W)
+    to_outer = dict(zip(problem.inner_xs, [z_star], strict=True))
+    to_outer.update(zip(problem.inner_params, problem.outer_params, strict=True))
+    hessian = graph_replace(condition.jacobian(), to_outer, strict=False)
     return z_star, success, hessian
 
 
