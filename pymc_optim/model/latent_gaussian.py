@@ -24,7 +24,11 @@ from pytensor.tensor.nlinalg import MatrixInverse
 from pymc_optim.backends.newton import NewtonOp
 from pymc_optim.graph.solver_op import make_solution
 from pymc_optim.implicit import OptimalityCondition
-from pymc_optim.linalg.latent_gaussian import LatentGaussianStructure
+from pymc_optim.linalg.latent_gaussian import (
+    LatentGaussianStructure,
+    covariance_solve,
+    logdet_b,
+)
 from pymc_optim.problems._arguments import check_optimizer_kwargs, newton_options, split_problem
 
 __all__ = ["latent_gaussian_mode", "latent_gaussian_structure"]
@@ -101,22 +105,44 @@ def latent_gaussian_structure(model: pm.Model, latent_rvs, seed: int = 20261201)
 
 def latent_gaussian_mode(objective, negative_likelihood, z, x0, prior, structure, kwargs):
     """x* = argmin `objective` by graph-native Newton with A = Q + diag(w) built from parts, and
-    H at x* in the structure's compact form: ``(z_star, success, hessian)``.
+    H at x* in the structure's compact form: ``(z_star, success, hessian, marginal)``.
 
     `prior` is the latent's random variable (its parameters are the model's); Q (or K) enters
     the solver as one more parameter, computed once per evaluation outside it; w is one reverse
     pass of the likelihood inside each Newton step.
+
+    `marginal` is ℓ(x*) + (d/2) log 2π − ½ log det H written for the form, or None (the caller
+    writes it from the joint density). For the covariance form it is Rasmussen & Williams'
+    (2006, Alg. 3.1) log p(y | x*) − ½ (x* − μ)ᵀK⁻¹(x* − μ) − ½ log det B: the prior's
+    log det K and that of H cancel, and K⁻¹ enters only through solves with K's Cholesky
+    factor, differentiated by hand (`covariance_solve`, `logdet_b`), so no Cholesky gradient
+    is in the graph. The Newton condition is then F = K⁻¹(z − μ) + ∇(−log p(y | z)), the same
+    function as the gradient of `objective`, written so that its pullback is one solve too.
     """
     matrix = prior_matrix(prior, structure.form)
     options = newton_options(check_optimizer_kwargs(kwargs, reserved={}))
-    problem = split_problem([objective, negative_likelihood], [z])
+    covariance = structure.form == "covariance"
+    if covariance:
+        # z has x0's static shape (a symbolic shape of z would tie the mean to z)
+        mean = pt.broadcast_to(prior.owner.inputs[2], z.type.shape).astype("float64")
+        factor = pt.linalg.cholesky(matrix, lower=True)
+        prior_gradient = covariance_solve(matrix, factor, z - mean)
+        merit = negative_likelihood + 0.5 * ((z - mean) * prior_gradient).sum()
+        problem = split_problem([objective, negative_likelihood, merit, prior_gradient], [z])
+    else:
+        problem = split_problem([objective, negative_likelihood], [z])
     problem, (inner_matrix,) = problem.with_parameters([matrix])
-    inner_objective, inner_negative_likelihood = problem.inner_outputs
+    inner_objective, inner_negative_likelihood, *inner_covariance = problem.inner_outputs
     (inner_z,) = problem.inner_xs
+    if covariance:
+        inner_merit, inner_prior_gradient = inner_covariance
+        residual = inner_prior_gradient + grad(inner_negative_likelihood, inner_z)
+    else:
+        inner_merit, residual = inner_objective, grad(inner_objective, inner_z)
     condition = OptimalityCondition(
         problem.inner_xs,
         problem.inner_params,
-        [grad(inner_objective, inner_z)],
+        [residual],
         symmetric=True,
         structure=structure,
         parts=(inner_matrix, likelihood_curvature(inner_negative_likelihood, inner_z)),
@@ -124,7 +150,7 @@ def latent_gaussian_mode(objective, negative_likelihood, z, x0, prior, structure
     op = NewtonOp(
         problem,
         condition=condition,
-        merit=inner_objective,
+        merit=inner_merit,
         value=inner_objective,
         minimization=True,
         **options,
@@ -136,7 +162,16 @@ def latent_gaussian_mode(objective, negative_likelihood, z, x0, prior, structure
     to_outer = dict(zip(problem.inner_xs, [z_star], strict=True))
     to_outer.update(zip(problem.inner_params, problem.outer_params, strict=True))
     hessian = graph_replace(condition.jacobian(), to_outer, strict=False)
-    return z_star, success, hessian
+    marginal = None
+    if covariance:
+        K, w = structure.compact_parts(hessian)
+        centred = z_star - mean
+        marginal = (
+            -graph_replace(negative_likelihood, {z: z_star}, strict=False)
+            - 0.5 * (centred * covariance_solve(K, factor, centred)).sum()
+            - 0.5 * logdet_b(K, w)
+        )
+    return z_star, success, hessian, marginal
 
 
 def likelihood_curvature(negative_likelihood, z):
