@@ -16,7 +16,7 @@ import numpy as np
 import pymc as pm
 import pytensor
 import pytensor.tensor as pt
-from pytensor.gradient import grad
+from pytensor.gradient import disconnected_grad, grad
 from pytensor.graph.replace import graph_replace
 from pytensor.graph.traversal import ancestors
 from pytensor.tensor.nlinalg import MatrixInverse
@@ -111,6 +111,9 @@ def latent_gaussian_mode(objective, negative_likelihood, z, x0, prior, structure
     the solver as one more parameter, computed once per evaluation outside it; w is one reverse
     pass of the likelihood inside each Newton step.
 
+    For the covariance form the solver minimizes (and `solution_info` reports) `objective`
+    less its terms free of z: −log p(y | z) + ½ (z − μ)ᵀK⁻¹(z − μ).
+
     `marginal` is ℓ(x*) + (d/2) log 2π − ½ log det H written for the form, or None (the caller
     writes it from the joint density). For the covariance form it is Rasmussen & Williams'
     (2006, Alg. 3.1) log p(y | x*) − ½ (x* − μ)ᵀK⁻¹(x* − μ) − ½ log det B: the prior's
@@ -125,20 +128,24 @@ def latent_gaussian_mode(objective, negative_likelihood, z, x0, prior, structure
     if covariance:
         # z has x0's static shape (a symbolic shape of z would tie the mean to z)
         mean = pt.broadcast_to(prior.owner.inputs[2], z.type.shape).astype("float64")
-        factor = pt.linalg.cholesky(matrix, lower=True)
+        # K's factor carries no gradient of its own (covariance_solve differentiates through K);
+        # marked so, the solver's pullback does not send a zero through Cholesky's gradient
+        factor = disconnected_grad(pt.linalg.cholesky(matrix, lower=True))
         prior_gradient = covariance_solve(matrix, factor, z - mean)
         merit = negative_likelihood + 0.5 * ((z - mean) * prior_gradient).sum()
-        problem = split_problem([objective, negative_likelihood, merit, prior_gradient], [z])
+        # (the joint's own prior term is left out: its x-independent parts, matrix solves with
+        # L, would be computed for the solver on every evaluation and used by nothing)
+        problem = split_problem([merit, negative_likelihood, prior_gradient], [z])
     else:
         problem = split_problem([objective, negative_likelihood], [z])
     problem, (inner_matrix,) = problem.with_parameters([matrix])
-    inner_objective, inner_negative_likelihood, *inner_covariance = problem.inner_outputs
+    inner_objective, inner_negative_likelihood, *inner_prior_gradient = problem.inner_outputs
     (inner_z,) = problem.inner_xs
     if covariance:
-        inner_merit, inner_prior_gradient = inner_covariance
-        residual = inner_prior_gradient + grad(inner_negative_likelihood, inner_z)
+        # the merit: −log p(y | z) + ½ (z − μ)ᵀK⁻¹(z − μ), the objective less its z-free terms
+        residual = inner_prior_gradient[0] + grad(inner_negative_likelihood, inner_z)
     else:
-        inner_merit, residual = inner_objective, grad(inner_objective, inner_z)
+        residual = grad(inner_objective, inner_z)
     condition = OptimalityCondition(
         problem.inner_xs,
         problem.inner_params,
@@ -150,7 +157,7 @@ def latent_gaussian_mode(objective, negative_likelihood, z, x0, prior, structure
     op = NewtonOp(
         problem,
         condition=condition,
-        merit=inner_merit,
+        merit=inner_objective,
         value=inner_objective,
         minimization=True,
         **options,
