@@ -456,6 +456,8 @@ else:
 
         def b_cholesky(K, w):
             s = jnp.sqrt(w)
-            return jnp.linalg.cholesky(jnp.eye(K.shape[0], dtype=K.dtype) + s[:, None] * K * s)
+            L = jnp.linalg.cholesky(jnp.eye(K.shape[0], dtype=K.dtype) + s[:, None] * K * s)
+            # all NaN when it fails, as under the default backend (JAX fills the lower part)
+            return jnp.where(jnp.all(jnp.isfinite(L)), L, jnp.nan)
 
         return b_cholesky
