@@ -23,6 +23,13 @@ embedded Laplace:
   of w: K⁻¹ + W = L_K⁻ᵀ M L_K⁻¹, and a draw of N(m, (K⁻¹ + W)⁻¹) is m + L_K L_M⁻ᵀ ε. The compact
   A is the (n + 1, n) array [K; wᵀ].
 
+For the covariance form's Laplace marginal (``marginalize_laplace``), three pieces with
+hand-written gradients keep every factorization single and every Cholesky gradient out of the
+graph: `covariance_solve` (K⁻¹ b from K's factor, differentiated through K), `logdet_b`
+(log det B, with ∂/∂K = W^½ B⁻¹ W^½ and ∂/∂w = diag((K⁻¹ + W)⁻¹) from B's factor) and
+`BCholesky` (B's factor from (K, w) in one Op, shared by the log-determinant, its gradient and
+the implicit pullback's solve). The Newton loop's numpy path calls LAPACK directly.
+
 The structure's `jacobian` builds A from two parts of the optimality condition
 (``OptimalityCondition.parts``): the prior matrix (Q or K) and w, written on the solver's inner
 variables; the residual F itself is not differentiated.
@@ -30,18 +37,28 @@ variables; the residual F itself is not differentiated.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 import pytensor.tensor as pt
-import scipy.linalg
-from pytensor.tensor.variable import TensorVariable
+from pytensor.compile.builders import OpFromGraph
+from pytensor.gradient import DisconnectedType, grad
+from pytensor.graph.basic import Apply
+from pytensor.graph.op import Op
+from pytensor.tensor.basic import Join
+from pytensor.tensor.elemwise import DimShuffle
+from pytensor.tensor.slinalg import Cholesky
+from pytensor.tensor.variable import TensorConstant, TensorVariable
+from scipy.linalg import lapack
 
 from pymc_optim.linalg.structure import LinearStructure, _finite
 
-__all__ = ["FORMS", "LatentGaussianStructure"]
+__all__ = ["FORMS", "LatentGaussianStructure", "covariance_solve", "logdet_b"]
 
 FORMS = ("precision", "covariance")
+
+_potrf, _potrs = lapack.dpotrf, lapack.dpotrs
 
 
 @dataclass(frozen=True)
@@ -88,6 +105,11 @@ class LatentGaussianStructure(LinearStructure):
         return 2  # Q + diag(w), or [K; wᵀ]
 
     # --- symbolic ------------------------------------------------------------------------------
+    def compact_parts(self, A):
+        """(K, w) of the covariance form's compact A = [K; wᵀ] (the pieces themselves when A
+        is the Join `jacobian` built)."""
+        return _parts(A)
+
     def jacobian(self, F, xs, prior=None, curvature=None) -> TensorVariable:
         """Compact A from the prior part (Q or K, (n, n)) and the curvature w ((n,))."""
         if prior is None or curvature is None:
@@ -106,28 +128,29 @@ class LatentGaussianStructure(LinearStructure):
         """A⁻¹ rhs (A is symmetric: `transposed` changes nothing); NaN where a Cholesky fails."""
         if self.form == "precision":
             return _cholesky_solve(pt.linalg.cholesky(A, on_error="nan"), rhs)
-        K, w = A[:-1], A[-1]
+        K, w = _parts(A)
         s = pt.sqrt(w)
         t = K @ rhs
-        v = _cholesky_solve(pt.linalg.cholesky(_b_matrix(K, s), on_error="nan"), s * t)
+        if _parts(A, joined_only=True) is None:  # e.g. the numba loop's plain A: no custom Op
+            factor = pt.linalg.cholesky(_b_matrix(K, s), on_error="nan")
+        else:
+            factor = _b_cholesky(K, w)
+        v = _cholesky_solve(factor, s * t)
         return t - K @ (s * v)
 
     def logdet_positive_definite(self, A) -> TensorVariable:
         """log det A (NaN if A is not positive definite)."""
         if self.form == "precision":
             return _logdet_from_cholesky(pt.linalg.cholesky(A, on_error="nan"))
-        K, w = A[:-1], A[-1]
-        B = _b_matrix(K, pt.sqrt(w))
-        return _logdet_from_cholesky(pt.linalg.cholesky(B, on_error="nan")) - _logdet_from_cholesky(
-            pt.linalg.cholesky(K, on_error="nan")
-        )
+        K, w = _parts(A)
+        return logdet_b(K, w) - _logdet_from_cholesky(pt.linalg.cholesky(K, on_error="nan"))
 
     def positive_definite(self, A) -> TensorVariable:
         """One boolean: A (Q + W, or K⁻¹ + W through M = I + L_Kᵀ W L_K) is positive definite."""
         if self.form == "precision":
             L = pt.linalg.cholesky(A, on_error="nan")
             return pt.all(_finite(L))[None]
-        K, w = A[:-1], A[-1]
+        K, w = _parts(A)
         L_K = pt.linalg.cholesky(K, on_error="nan")
         L_M = pt.linalg.cholesky(_m_matrix(L_K, w), on_error="nan")
         return (pt.all(_finite(L_K)) & pt.all(_finite(L_M)))[None]
@@ -138,7 +161,7 @@ class LatentGaussianStructure(LinearStructure):
             L = pt.linalg.cholesky(precision)
             v = pt.linalg.solve_triangular(L.mT, noise[..., None], lower=False, b_ndim=2)
             return mean + v[..., 0]
-        K, w = precision[:-1], precision[-1]
+        K, w = _parts(precision)
         L_K = pt.linalg.cholesky(K)
         L_M = pt.linalg.cholesky(_m_matrix(L_K, w))
         u = pt.linalg.solve_triangular(L_M.mT, noise[..., None], lower=False, b_ndim=2)[..., 0]
@@ -146,16 +169,22 @@ class LatentGaussianStructure(LinearStructure):
 
     # --- numerical (the Newton loops) ----------------------------------------------------------
     def solve_numpy(self, A: np.ndarray, rhs: np.ndarray) -> np.ndarray:
-        """A⁻¹ rhs; raises numpy.linalg.LinAlgError when A (or B) is not positive definite."""
+        """A⁻¹ rhs; raises numpy.linalg.LinAlgError when A (or B) is not positive definite.
+
+        The Newton loop calls this once per step: LAPACK's ``potrf``/``potrs`` are called
+        directly (scipy's ``cho_factor``/``cho_solve`` wrappers cost about as much again at
+        n = 100), and B is formed in one array.
+        """
         if self.form == "precision":
-            return scipy.linalg.cho_solve(_cho_factor(A), rhs, check_finite=False)
+            return _cho_solve_numpy(_cholesky_numpy(A), rhs)
         K, w = A[:-1], A[-1]
         if not np.all(w >= 0):
             raise np.linalg.LinAlgError("negative likelihood curvature: B = I + SKS undefined")
         s = np.sqrt(w)
         t = K @ rhs
-        B = np.eye(len(s)) + s[:, None] * K * s
-        v = scipy.linalg.cho_solve(_cho_factor(B), s * t, check_finite=False)
+        B = s[:, None] * K * s
+        B.flat[:: len(s) + 1] += 1.0
+        v = _cho_solve_numpy(_cholesky_numpy(B, overwrite=True), s * t)
         return t - K @ (s * v)
 
     def solve_array(self, A, rhs, xp=np):
@@ -173,13 +202,20 @@ class LatentGaussianStructure(LinearStructure):
         return t - K @ (s * cho_solve((L, True), s * t))
 
     def positive_definite_numpy(self, A: np.ndarray) -> np.ndarray:
+        """Whether A is positive definite. Covariance form: K⁻¹ + W = L_K⁻ᵀ M L_K⁻¹ with
+        M = I + L_Kᵀ W L_K; when w ≥ 0, M ≥ I is positive definite whenever L_K exists, so one
+        factorization (of K) decides, as in the graph form."""
         try:
             if self.form == "precision":
-                _cho_factor(A)
+                _cholesky_numpy(A)
             else:
                 K, w = A[:-1], A[-1]
-                L_K = np.linalg.cholesky(_finite_or_raise(K))
-                _cho_factor(np.eye(len(w)) + L_K.T @ (w[:, None] * L_K))
+                L_K = _cholesky_numpy(K)
+                if not np.all(w >= 0):
+                    L = np.tril(L_K)
+                    M = L.T @ (w[:, None] * L)
+                    M.flat[:: len(w) + 1] += 1.0
+                    _cholesky_numpy(M, overwrite=True)
         except np.linalg.LinAlgError:
             return np.array([False])
         return np.array([True])
@@ -196,20 +232,239 @@ def _m_matrix(L_K, w):
 
 
 def _cholesky_solve(L, rhs):
-    y = pt.linalg.solve_triangular(L, rhs[:, None], lower=True, b_ndim=2)
-    return pt.linalg.solve_triangular(L.mT, y, lower=False, b_ndim=2)[:, 0]
+    """(L Lᵀ)⁻¹ rhs: one LAPACK ``potrs`` (NaN where L is)."""
+    return pt.linalg.cho_solve((L, True), rhs, b_ndim=1)
+
+
+def _b_cholesky(K, w):
+    """The lower Cholesky factor of B = I + W^½ K W^½ (NaN if it fails or w < 0)."""
+    return _B_CHOLESKY(K, w)
+
+
+class BCholesky(Op):
+    """L = cholesky(I + W^½ K W^½) from (K, w) in one Op: NaN where w < 0 or B is not positive
+    definite. The log-determinant, its gradient and the implicit pullback's solve each ask for
+    it; as one Op with no parameters, equal nodes merge (written out, B's graphs were
+    rewritten into copies that no merge joined, and B was factorized two or three times per
+    evaluation). Under the default backend it forms B in one array and calls LAPACK's
+    ``potrf``; under JAX, ``jnp.linalg.cholesky``. Differentiable (through B's Cholesky)."""
+
+    __props__ = ()
+
+    def make_node(self, K, w):
+        K = pt.as_tensor_variable(K).astype("float64")
+        w = pt.as_tensor_variable(w).astype("float64")
+        if K.type.ndim != 2 or w.type.ndim != 1:
+            raise TypeError(f"BCholesky takes a matrix K and a vector w; got {K.type}, {w.type}.")
+        return Apply(self, [K, w], [pt.matrix(dtype="float64", shape=K.type.shape)])
+
+    def perform(self, node, inputs, output_storage):
+        K, w = inputs
+        n = w.shape[0]
+        with np.errstate(invalid="ignore"):
+            if np.all(w >= 0):  # False for NaN
+                s = np.sqrt(w)
+                B = s[:, None] * K * s
+                B.flat[:: n + 1] += 1.0
+                L, info = _potrf(B.T, lower=1, clean=1, overwrite_a=1)
+                if info == 0 and np.all(np.isfinite(np.diagonal(L))):
+                    output_storage[0][0] = L
+                    return
+        output_storage[0][0] = np.full((n, n), np.nan)
+
+    def infer_shape(self, fgraph, node, shapes):
+        return [shapes[0]]
+
+    def L_op(self, inputs, outputs, output_grads):
+        K, w = inputs
+        B = _b_matrix(K, pt.sqrt(w))
+        (B_bar,) = Cholesky(lower=True).L_op([B], outputs, output_grads)
+        return grad(None, [K, w], known_grads={B: B_bar})
+
+
+_B_CHOLESKY = BCholesky()
+
+
+def covariance_solve(K, L, b):
+    """K⁻¹ b from the lower Cholesky factor L of K, differentiated as a function of K alone.
+
+    The gradient is written by hand, b̄ = K⁻¹ḡ and K̄ = −(K⁻¹ḡ)(K⁻¹b)ᵀ, one more solve with
+    L: differentiating the two triangular solves would send the gradient through L, whose
+    Cholesky gradient costs two triangular solves with n right-hand sides and a matrix product.
+    `L` must be ``cholesky(K)``; it receives no gradient (K's carries it). First derivatives
+    are exact; derivatives of this gradient miss the dependence of L on K.
+
+    Parameters
+    ----------
+    K : (n, n) TensorVariable
+        A symmetric positive definite matrix (a Gaussian prior's covariance).
+    L : (n, n) TensorVariable
+        ``pt.linalg.cholesky(K)``, lower.
+    b : (n,) TensorVariable
+
+    Returns
+    -------
+    (n,) TensorVariable
+
+    Examples
+    --------
+    >>> import numpy as np, pytensor, pytensor.tensor as pt
+    >>> from pymc_optim.linalg.latent_gaussian import covariance_solve
+    >>> K, b = pt.matrix("K"), pt.vector("b")
+    >>> value = (b * covariance_solve(K, pt.linalg.cholesky(K), b)).sum()
+    >>> fn = pytensor.function([K, b], pytensor.grad(value, K))
+    >>> K0 = np.array([[2.0, 0.5], [0.5, 1.0]]); b0 = np.array([1.0, -1.0])
+    >>> a = np.linalg.solve(K0, b0)
+    >>> bool(np.allclose(fn(K0, b0), -np.outer(a, a)))
+    True
+    """
+    return _covariance_solve_op()(
+        pt.as_tensor_variable(K).astype("float64"),
+        pt.as_tensor_variable(L).astype("float64"),
+        pt.as_tensor_variable(b).astype("float64"),
+    )
+
+
+def logdet_b(K, w):
+    """log det B, B = I + W^½ K W^½ (= log det(K⁻¹ + W) + log det K), NaN where w < 0 or B
+    is not positive definite; differentiated by hand from one factorization of B.
+
+    With R = W^½ B⁻¹ W^½ = (K + W⁻¹)⁻¹: ∂/∂K = R and ∂/∂w = diag((K⁻¹ + W)⁻¹) =
+    diag(K − K R K) (Rasmussen & Williams 2006, Alg. 5.1), so the gradient needs B⁻¹ (one
+    ``potrs`` with n right-hand sides, on the factor the value used) and one matrix product,
+    not the gradient of the Cholesky factorization.
+
+    Parameters
+    ----------
+    K : (n, n) TensorVariable
+        A symmetric covariance matrix.
+    w : (n,) TensorVariable
+        The likelihood's curvature, ≥ 0.
+
+    Returns
+    -------
+    scalar TensorVariable
+
+    Examples
+    --------
+    >>> import numpy as np, pytensor, pytensor.tensor as pt
+    >>> from pymc_optim.linalg.latent_gaussian import logdet_b
+    >>> K, w = pt.matrix("K"), pt.vector("w")
+    >>> fn = pytensor.function([K, w], [logdet_b(K, w), *pytensor.grad(logdet_b(K, w), [K, w])])
+    >>> K0 = np.array([[2.0, 0.5], [0.5, 1.0]]); w0 = np.array([0.3, 1.2])
+    >>> value, dK, dw = fn(K0, w0)
+    >>> H = np.linalg.inv(K0) + np.diag(w0)
+    >>> bool(np.isclose(value, np.linalg.slogdet(H)[1] + np.linalg.slogdet(K0)[1]))
+    True
+    >>> bool(np.allclose(dw, np.diag(np.linalg.inv(H))))
+    True
+    """
+    return _logdet_b_op()(
+        pt.as_tensor_variable(K).astype("float64"), pt.as_tensor_variable(w).astype("float64")
+    )
+
+
+@functools.cache
+def _covariance_solve_op() -> OpFromGraph:
+    """One Op for every graph (equal nodes merge); inlined at compile time, so its solves
+    merge with the gradient's."""
+    K, L, b = pt.matrix("K", dtype="float64"), pt.matrix("L", dtype="float64"), pt.vector("b")
+
+    def pullback(inputs, outputs, output_grads):
+        _, L, _ = inputs
+        beta = _cholesky_solve(L, output_grads[0])
+        return [-pt.outer(beta, outputs[0]), DisconnectedType()(), beta]
+
+    return OpFromGraph(
+        [K, L, b],
+        [_cholesky_solve(L, b)],
+        inline=True,
+        lop_overrides=pullback,
+        connection_pattern=[[True], [False], [True]],
+        name="covariance_solve",
+    )
+
+
+@functools.cache
+def _logdet_b_op() -> OpFromGraph:
+    K, w = pt.matrix("K", dtype="float64"), pt.vector("w", dtype="float64")
+
+    def pullback(inputs, outputs, output_grads):
+        K, w = inputs
+        (g,) = output_grads
+        s = pt.sqrt(w)
+        B_inv = pt.linalg.cho_solve((_b_cholesky(K, w), True), pt.eye(K.shape[0]), b_ndim=2)
+        R = s[:, None] * B_inv * s[None, :]
+        KR = K @ R
+        return [g * R, g * (pt.diagonal(K) - (KR * K).sum(axis=1))]
+
+    return OpFromGraph(
+        [K, w],
+        [_logdet_from_cholesky(_b_cholesky(K, w))],
+        inline=True,
+        lop_overrides=pullback,
+        name="logdet_b",
+    )
 
 
 def _logdet_from_cholesky(L):
     return 2.0 * pt.log(pt.diagonal(L, axis1=-2, axis2=-1)).sum()
 
 
-def _finite_or_raise(A: np.ndarray) -> np.ndarray:
-    if not np.all(np.isfinite(A)):
-        raise np.linalg.LinAlgError("non-finite matrix")
-    return A
+def _parts(A, *, joined_only: bool = False):
+    """(K, w) of the compact A = [K; wᵀ]. When A is the Join `jacobian` built, its pieces
+    themselves: a slice of the Join would be a new matrix to the graph, so K's Cholesky (and
+    B's) would be computed again next to the prior's, and differentiated again."""
+    owner = A.owner
+    if owner is not None and isinstance(owner.op, Join) and len(owner.inputs) == 3:
+        axis, K, row = owner.inputs
+        row_owner = row.owner
+        if (
+            isinstance(axis, TensorConstant)
+            and int(axis.data) == 0
+            and K.type.ndim == 2
+            and row_owner is not None
+            and isinstance(row_owner.op, DimShuffle)
+            and tuple(row_owner.op.new_order) == ("x", 0)
+        ):
+            return K, row_owner.inputs[0]
+    return None if joined_only else (A[:-1], A[-1])
 
 
-def _cho_factor(A):
-    """scipy's Cholesky factor, LinAlgError when A is not positive definite (or not finite)."""
-    return scipy.linalg.cho_factor(_finite_or_raise(A), lower=True, check_finite=False)
+def _cholesky_numpy(A: np.ndarray, *, overwrite: bool = False) -> np.ndarray:
+    """The lower Cholesky factor of the symmetric A (its upper triangle left unspecified, as
+    ``potrs`` ignores it); LinAlgError when A is not positive definite or not finite. With
+    `overwrite`, A's storage may be reused. A C-ordered A is passed as its transpose, the same
+    symmetric matrix in Fortran order, so LAPACK needs no copy."""
+    a = A.T if A.flags.c_contiguous else A
+    L, info = _potrf(a, lower=1, clean=0, overwrite_a=int(overwrite))
+    # a NaN or an infinity in A reaches L's diagonal (every entry of row i enters L_ii)
+    if info != 0 or not np.all(np.isfinite(np.diagonal(L))):
+        raise np.linalg.LinAlgError("not positive definite")
+    return L
+
+
+def _cho_solve_numpy(L: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+    x, info = _potrs(L, rhs, lower=1)
+    if info != 0:
+        raise np.linalg.LinAlgError(f"potrs failed (info={info})")
+    return x
+
+
+try:  # the JAX backend, when JAX is installed
+    from pytensor.link.jax.dispatch import jax_funcify
+except ImportError:  # pragma: no cover
+    pass
+else:
+
+    @jax_funcify.register(BCholesky)
+    def _jax_b_cholesky(op, **kwargs):
+        import jax.numpy as jnp
+
+        def b_cholesky(K, w):
+            s = jnp.sqrt(w)
+            L = jnp.linalg.cholesky(jnp.eye(K.shape[0], dtype=K.dtype) + s[:, None] * K * s)
+            # all NaN when it fails, as under the default backend (JAX fills the lower part)
+            return jnp.where(jnp.all(jnp.isfinite(L)), L, jnp.nan)
+
+        return b_cholesky

@@ -272,7 +272,7 @@ def marginalize_laplace(
     if isinstance(structure, LatentGaussianStructure):
         # H = Q + diag(w): Q (or the covariance K) read off the prior, w the likelihood's
         # curvature by one reverse pass (exact: the likelihood's Hessian was found diagonal)
-        z_star, success, hessian = latent_gaussian_mode(
+        z_star, success, hessian, marginal = latent_gaussian_mode(
             -joint,
             -pt.add(*terms[len(latent_fg) :]),
             z,
@@ -295,15 +295,17 @@ def marginalize_laplace(
             [z], [], [grad(-joint, z)], symmetric=True, structure=structure
         )
         hessian = graph_replace(condition.jacobian(), {z: z_star}, strict=False)
+        marginal = None
     if warm_start and isinstance(z_star.owner.op, NewtonOp):
         z_star.owner.op.warm_start = True
     at_mode = {z: z_star}
     d = x0.size
-    marginal = (
-        graph_replace(joint, at_mode, strict=False)
-        + 0.5 * d * np.log(2 * np.pi)
-        - 0.5 * structure.logdet_positive_definite(hessian)
-    )
+    if marginal is None:  # (a latent-Gaussian covariance form writes its own, without K⁻¹)
+        marginal = (
+            graph_replace(joint, at_mode, strict=False)
+            + 0.5 * d * np.log(2 * np.pi)
+            - 0.5 * structure.logdet_positive_definite(hessian)
+        )
     marginal = apply_failure_policy(
         marginal, success, on_failure, "the inner solve of the Laplace marginal did not converge"
     )

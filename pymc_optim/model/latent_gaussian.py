@@ -16,7 +16,7 @@ import numpy as np
 import pymc as pm
 import pytensor
 import pytensor.tensor as pt
-from pytensor.gradient import grad
+from pytensor.gradient import disconnected_grad, grad
 from pytensor.graph.replace import graph_replace
 from pytensor.graph.traversal import ancestors
 from pytensor.tensor.nlinalg import MatrixInverse
@@ -24,7 +24,11 @@ from pytensor.tensor.nlinalg import MatrixInverse
 from pymc_optim.backends.newton import NewtonOp
 from pymc_optim.graph.solver_op import make_solution
 from pymc_optim.implicit import OptimalityCondition
-from pymc_optim.linalg.latent_gaussian import LatentGaussianStructure
+from pymc_optim.linalg.latent_gaussian import (
+    LatentGaussianStructure,
+    covariance_solve,
+    logdet_b,
+)
 from pymc_optim.problems._arguments import check_optimizer_kwargs, newton_options, split_problem
 
 __all__ = ["latent_gaussian_mode", "latent_gaussian_structure"]
@@ -101,22 +105,51 @@ def latent_gaussian_structure(model: pm.Model, latent_rvs, seed: int = 20261201)
 
 def latent_gaussian_mode(objective, negative_likelihood, z, x0, prior, structure, kwargs):
     """x* = argmin `objective` by graph-native Newton with A = Q + diag(w) built from parts, and
-    H at x* in the structure's compact form: ``(z_star, success, hessian)``.
+    H at x* in the structure's compact form: ``(z_star, success, hessian, marginal)``.
 
     `prior` is the latent's random variable (its parameters are the model's); Q (or K) enters
     the solver as one more parameter, computed once per evaluation outside it; w is one reverse
     pass of the likelihood inside each Newton step.
+
+    For the covariance form the solver minimizes (and `solution_info` reports) `objective`
+    less its terms free of z: −log p(y | z) + ½ (z − μ)ᵀK⁻¹(z − μ).
+
+    `marginal` is ℓ(x*) + (d/2) log 2π − ½ log det H written for the form, or None (the caller
+    writes it from the joint density). For the covariance form it is Rasmussen & Williams'
+    (2006, Alg. 3.1) log p(y | x*) − ½ (x* − μ)ᵀK⁻¹(x* − μ) − ½ log det B: the prior's
+    log det K and that of H cancel, and K⁻¹ enters only through solves with K's Cholesky
+    factor, differentiated by hand (`covariance_solve`, `logdet_b`), so no Cholesky gradient
+    is in the graph. The Newton condition is then F = K⁻¹(z − μ) + ∇(−log p(y | z)), the same
+    function as the gradient of `objective`, written so that its pullback is one solve too.
     """
     matrix = prior_matrix(prior, structure.form)
     options = newton_options(check_optimizer_kwargs(kwargs, reserved={}))
-    problem = split_problem([objective, negative_likelihood], [z])
+    covariance = structure.form == "covariance"
+    if covariance:
+        # z has x0's static shape (a symbolic shape of z would tie the mean to z)
+        mean = pt.broadcast_to(prior.owner.inputs[2], z.type.shape).astype("float64")
+        # K's factor carries no gradient of its own (covariance_solve differentiates through K);
+        # marked so, the solver's pullback does not send a zero through Cholesky's gradient
+        factor = disconnected_grad(pt.linalg.cholesky(matrix, lower=True))
+        prior_gradient = covariance_solve(matrix, factor, z - mean)
+        merit = negative_likelihood + 0.5 * ((z - mean) * prior_gradient).sum()
+        # (the joint's own prior term is left out: its x-independent parts, matrix solves with
+        # L, would be computed for the solver on every evaluation and used by nothing)
+        problem = split_problem([merit, negative_likelihood, prior_gradient], [z])
+    else:
+        problem = split_problem([objective, negative_likelihood], [z])
     problem, (inner_matrix,) = problem.with_parameters([matrix])
-    inner_objective, inner_negative_likelihood = problem.inner_outputs
+    inner_objective, inner_negative_likelihood, *inner_prior_gradient = problem.inner_outputs
     (inner_z,) = problem.inner_xs
+    if covariance:
+        # the merit: −log p(y | z) + ½ (z − μ)ᵀK⁻¹(z − μ), the objective less its z-free terms
+        residual = inner_prior_gradient[0] + grad(inner_negative_likelihood, inner_z)
+    else:
+        residual = grad(inner_objective, inner_z)
     condition = OptimalityCondition(
         problem.inner_xs,
         problem.inner_params,
-        [grad(inner_objective, inner_z)],
+        [residual],
         symmetric=True,
         structure=structure,
         parts=(inner_matrix, likelihood_curvature(inner_negative_likelihood, inner_z)),
@@ -130,9 +163,22 @@ def latent_gaussian_mode(objective, negative_likelihood, z, x0, prior, structure
         **options,
     )
     z_star, success = make_solution(op, [pt.as_tensor_variable(x0)], [], False)
-    curvature = graph_replace(likelihood_curvature(negative_likelihood, z), {z: z_star})
-    hessian = structure.jacobian(None, None, matrix, curvature)
-    return z_star, success, hessian
+    # H at x* from the condition's own parts, as the implicit pullback builds A: the same graph
+    # twice, merged at compile time, so the log-determinant and the pullback's solve share one
+    # factorization of B (or of Q + W)
+    to_outer = dict(zip(problem.inner_xs, [z_star], strict=True))
+    to_outer.update(zip(problem.inner_params, problem.outer_params, strict=True))
+    hessian = graph_replace(condition.jacobian(), to_outer, strict=False)
+    marginal = None
+    if covariance:
+        K, w = structure.compact_parts(hessian)
+        centred = z_star - mean
+        marginal = (
+            -graph_replace(negative_likelihood, {z: z_star}, strict=False)
+            - 0.5 * (centred * covariance_solve(K, factor, centred)).sum()
+            - 0.5 * logdet_b(K, w)
+        )
+    return z_star, success, hessian, marginal
 
 
 def likelihood_curvature(negative_likelihood, z):

@@ -13,7 +13,12 @@ import pytensor.tensor as pt
 import pytest
 from numpy.testing import assert_allclose
 
-from pymc_optim.linalg.latent_gaussian import LatentGaussianStructure
+from pymc_optim.linalg.latent_gaussian import (
+    BCholesky,
+    LatentGaussianStructure,
+    covariance_solve,
+    logdet_b,
+)
 
 N = 5
 
@@ -101,3 +106,71 @@ def test_form_given_by_position_raises():
 def test_jacobian_without_parts_raises():
     with pytest.raises(ValueError, match="builds A from its parts"):
         LatentGaussianStructure().jacobian(pt.vector("F"), [pt.vector("x")])
+
+
+def _central_difference(f, x, step=1e-6):
+    """∂f/∂x entry by entry (x an array): truncation ~step² ≈ 1e-12, rounding ~1e-16/step ≈
+    1e-10 for these O(1) functions of 5 × 5 matrices, hence the 1e-7 tolerance below."""
+    out = np.zeros_like(x)
+    for index in np.ndindex(x.shape):
+        e = np.zeros_like(x)
+        e[index] = step
+        out[index] = (f(x + e) - f(x - e)) / (2 * step)
+    return out
+
+
+def test_logdet_b_and_its_hand_written_gradient_match_dense_algebra(case):
+    K, w, _ = case
+    Kv, wv = pt.matrix("K"), pt.vector("w")
+    value = logdet_b(Kv, wv)
+    fn = pytensor.function([Kv, wv], [value, *pytensor.grad(value, [Kv, wv])])
+    got, dK, dw = fn(K, w)
+
+    def dense(K, w):
+        return np.linalg.slogdet(np.eye(N) + np.sqrt(w)[:, None] * K * np.sqrt(w))[1]
+
+    assert_allclose(got, dense(K, w), rtol=1e-12)
+    assert_allclose(got, np.linalg.slogdet(_dense("covariance", K, w))[1] + np.linalg.slogdet(K)[1])
+    # ∂/∂K_ij of log det(I + S K S) for K's entries taken one by one (not symmetrized)
+    assert_allclose(dK, _central_difference(lambda k: dense(k, w), K), atol=1e-7)
+    assert_allclose(dw, _central_difference(lambda v: dense(K, v), w), atol=1e-7)
+    assert_allclose(dw, np.diag(np.linalg.inv(_dense("covariance", K, w))), rtol=1e-10)
+    # negative curvature: B = I + W^½ K W^½ undefined, NaN (not an error)
+    assert np.isnan(fn(K, -w)[0])
+
+
+def test_covariance_solve_is_differentiated_through_k_alone(case):
+    K, _, b = case
+    Kv, bv = pt.matrix("K"), pt.vector("b")
+    L = pt.linalg.cholesky(Kv)
+    value = (bv * covariance_solve(Kv, L, bv)).sum()
+    fn = pytensor.function([Kv, bv], [value, *pytensor.grad(value, [Kv, bv])])
+    got, dK, db = fn(K, b)
+    alpha = np.linalg.solve(K, b)
+    assert_allclose(got, b @ alpha, rtol=1e-12)
+    assert_allclose(dK, -np.outer(alpha, alpha), rtol=1e-10)
+    assert_allclose(db, 2 * alpha, rtol=1e-10)
+    # the hand-written gradient replaces the Cholesky gradient: no triangular solve is left
+    ops = [type(node.op).__name__ for node in fn.maker.fgraph.toposort()]
+    assert "SolveTriangular" not in ops and ops.count("Cholesky") == 1
+
+
+@pytest.mark.parametrize("mode", [None, "JAX"])
+def test_b_cholesky_factorizes_b_and_is_differentiable(case, mode):
+    if mode == "JAX":
+        pytest.importorskip("jax")
+    K, w, _ = case
+    Kv, wv = pt.matrix("K"), pt.vector("w")
+    L = BCholesky()(Kv, wv)
+    B = np.eye(N) + np.sqrt(w)[:, None] * K * np.sqrt(w)
+    fn = pytensor.function([Kv, wv], L, mode=mode)
+    assert_allclose(fn(K, w), np.linalg.cholesky(B), rtol=1e-12, atol=1e-14)
+    assert np.all(np.isnan(fn(K, -w)))
+    # its gradient is that of the written-out factorization
+    cost = (L * np.arange(N * N).reshape(N, N)).sum()
+    written = pt.linalg.cholesky(pt.eye(N) + pt.sqrt(wv)[:, None] * Kv * pt.sqrt(wv)[None, :])
+    expected = (written * np.arange(N * N).reshape(N, N)).sum()
+    got = pytensor.function([Kv, wv], pytensor.grad(cost, [Kv, wv]))(K, w)
+    want = pytensor.function([Kv, wv], pytensor.grad(expected, [Kv, wv]))(K, w)
+    for g, e in zip(got, want, strict=True):
+        assert_allclose(g, e, rtol=1e-10, atol=1e-12)

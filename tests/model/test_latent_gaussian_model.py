@@ -105,6 +105,15 @@ def test_marginal_equals_the_general_path_and_takes_the_fast_one(kind):
     # one solve per logp+gradient, with A built from Q (or K) and w
     assert _newton_structures(fast_fn) == [expected_structure]
     assert _newton_structures(general_fn) == [pmo.laplace_info(general).structure]
+    if PRIORS[kind] == "covariance":
+        # B = I + W^½ K W^½ factorized once (value, its gradient and the pullback share it),
+        # K once; no other factorization, and no Cholesky gradient's triangular solves with n
+        # right-hand sides
+        ops = [
+            type(node.op).__name__ for node in fast_fn._pytensor_function.maker.fgraph.toposort()
+        ]
+        assert ops.count("BCholesky") == 1
+        assert ops.count("Cholesky") == 1
     for s_log in [-0.7, 0.0, 0.6]:
         point = np.array([s_log])
         logp, dlogp = fast_fn(point)
