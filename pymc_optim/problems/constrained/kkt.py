@@ -278,21 +278,9 @@ class KKTStructure(LinearStructure):
     def solve_numpy(self, A: np.ndarray, rhs: np.ndarray) -> np.ndarray:
         """A⁻¹ rhs; the dense KKT solve where H is singular; raises numpy.linalg.LinAlgError when
         the KKT matrix itself is."""
-        b = self.hessian_rows
-        n = A.shape[1]
-        Hc, J = A[:b], A[b:]
-        r1, r2 = rhs[:n], rhs[n:]
-        R = np.concatenate([r1[:, None], J.T], axis=1)
         try:
             with np.errstate(divide="raise", invalid="raise", over="raise"):
-                if b == 1:
-                    Y = R / Hc[0][:, None]
-                else:
-                    blocks = Hc.reshape(b, -1, b).transpose(1, 2, 0)
-                    Y = np.linalg.solve(blocks, R.reshape(-1, b, R.shape[1])).reshape(R.shape)
-                y1, Yj = Y[:, 0], Y[:, 1:]
-                dl = np.linalg.solve(J @ Yj, r2 - J @ y1)
-                out = np.concatenate([y1 + Yj @ dl, dl])
+                out = self._schur_solve(A, rhs, np)
             if np.all(np.isfinite(out)):
                 return out
         except (np.linalg.LinAlgError, FloatingPointError):
@@ -306,6 +294,17 @@ class KKTStructure(LinearStructure):
             return self.solve_numpy(A, rhs)
         import jax
 
+        out = self._schur_solve(A, rhs, xp)
+        return jax.lax.cond(
+            xp.all(xp.isfinite(out)),
+            lambda: out,
+            lambda: xp.linalg.solve(self.dense_matrix(A, xp), rhs),
+        )
+
+    def _schur_solve(self, A, rhs, xp):
+        """The KKT system [[H, −Jᵀ], [J, 0]] (x, λ) = (r₁, r₂) by the Schur complement on the
+        constraints, H solved by its structure (array module `xp`; not finite where H is
+        singular)."""
         b = self.hessian_rows
         n = A.shape[1]
         Hc, J = A[:b], A[b:]
@@ -318,12 +317,7 @@ class KKTStructure(LinearStructure):
             Y = xp.linalg.solve(blocks, R.reshape(-1, b, R.shape[1])).reshape(R.shape)
         y1, Yj = Y[:, 0], Y[:, 1:]
         dl = xp.linalg.solve(J @ Yj, r2 - J @ y1)
-        out = xp.concatenate([y1 + Yj @ dl, dl])
-        return jax.lax.cond(
-            xp.all(xp.isfinite(out)),
-            lambda: out,
-            lambda: xp.linalg.solve(self.dense_matrix(A, xp), rhs),
-        )
+        return xp.concatenate([y1 + Yj @ dl, dl])
 
     def positive_definite_numpy(self, A: np.ndarray) -> np.ndarray:
         return np.array([True])
