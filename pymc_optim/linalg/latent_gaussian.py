@@ -38,6 +38,7 @@ variables; the residual F itself is not differentiated.
 from __future__ import annotations
 
 import functools
+import importlib.util
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,6 +53,7 @@ from pytensor.tensor.slinalg import Cholesky
 from pytensor.tensor.variable import TensorConstant, TensorVariable
 from scipy.linalg import lapack
 
+from pymc_optim.backends.deferred import after_import
 from pymc_optim.linalg.structure import LinearStructure, _finite
 
 __all__ = ["FORMS", "LatentGaussianStructure", "covariance_solve", "logdet_b"]
@@ -451,11 +453,9 @@ def _cho_solve_numpy(L: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     return x
 
 
-try:  # the JAX backend, when JAX is installed
+def _register_jax() -> None:
+    """BCholesky under JAX (registered when PyTensor first imports its JAX dispatch)."""
     from pytensor.link.jax.dispatch import jax_funcify
-except ImportError:  # pragma: no cover
-    pass
-else:
 
     @jax_funcify.register(BCholesky)
     def _jax_b_cholesky(op, **kwargs):
@@ -468,3 +468,7 @@ else:
             return jnp.where(jnp.all(jnp.isfinite(L)), L, jnp.nan)
 
         return b_cholesky
+
+
+if importlib.util.find_spec("jax") is not None:
+    after_import("pytensor.link.jax.dispatch", _register_jax)

@@ -29,6 +29,7 @@ not finite the solve falls back to the dense KKT matrix, assembled from the comp
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -41,6 +42,7 @@ from pytensor.graph.op import Op
 from pytensor.tensor.blockwise import Blockwise
 from pytensor.tensor.variable import TensorVariable
 
+from pymc_optim.backends.deferred import after_import
 from pymc_optim.backends.newton import NewtonOp
 from pymc_optim.graph.inner_graph import InnerProblem
 from pymc_optim.implicit import OptimalityCondition
@@ -380,12 +382,10 @@ class _UnlessFinite(Op):
         return [output_grads[0], A.zeros_like(), rhs.zeros_like()]
 
 
-try:  # the JAX implementation: the dense solve under lax.cond
+def _register_jax() -> None:
+    """_UnlessFinite under JAX, the dense solve under ``lax.cond`` (registered when PyTensor
+    first imports its JAX dispatch)."""
     from pytensor.link.jax.dispatch import jax_funcify
-except ImportError:  # pragma: no cover - JAX not installed
-    jax_funcify = None
-
-if jax_funcify is not None:
 
     @jax_funcify.register(_UnlessFinite)
     def _unless_finite_jax(op, node=None, **kwargs):
@@ -400,6 +400,10 @@ if jax_funcify is not None:
             return jax.lax.cond(jnp.all(jnp.isfinite(schur)), lambda: schur, dense)
 
         return unless_finite
+
+
+if importlib.util.find_spec("jax") is not None:
+    after_import("pytensor.link.jax.dispatch", _register_jax)
 
 
 def _set(H, rows, cols, values):
