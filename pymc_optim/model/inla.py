@@ -19,6 +19,7 @@ from scipy.special import logsumexp
 from pymc_optim._warnings import PymcOptimWarning
 from pymc_optim.model.laplace import (
     LaplaceMarginal,
+    _check_flag,
     _initial_mode,
     _recover,
     _store_recovered,
@@ -206,6 +207,7 @@ def fit_inla(
     >>> idata.inla.attrs["integration"], idata.posterior["u"].shape
     ('grid', (1, 200, 6))
     """
+    _check_flag(mean_correction, "mean_correction", "centre the latent draws at the mode")
     if integration not in INTEGRATIONS:
         raise ValueError(f"`integration` must be one of {INTEGRATIONS}; got {integration!r}.")
     if int(draws) != draws or draws < 1:

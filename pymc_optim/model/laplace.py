@@ -211,11 +211,7 @@ def marginalize_laplace(
     """
     _check_model(model, "model", "marginalize_laplace")
     check_on_failure(on_failure)
-    if not isinstance(warm_start, bool | np.bool_):
-        raise TypeError(
-            f"`warm_start` must be True or False; got {warm_start!r}. Pass "
-            "`warm_start=False` to start every inner solve from the initial point."
-        )
+    _check_flag(warm_start, "warm_start", "start every inner solve from the initial point")
     latent_rvs = _check_latents(model, latent)
     initial_point = model.initial_point()  # once: each call compiles a function
     requested = as_linear_structure(hessian_structure, block_size, "hessian_structure")
@@ -448,6 +444,7 @@ def recover_latent(
     True
     """
     _check_model(marginal_model, "marginal_model", "recover_latent")
+    _check_flag(mean_correction, "mean_correction", "centre the draws at the mode")
     node = _laplace_node(marginal_model)
     rng = np.random.default_rng(random_seed)
     posterior = idata.posterior
@@ -788,6 +785,14 @@ def _check_model(model, argument: str, function: str) -> None:
             f"`{argument}` of `{function}` must be a `pm.Model`; got {model!r}. Pass the model "
             "itself (e.g. `with pm.Model() as model: ...`, then `model`); it is not taken from "
             "the model context."
+        )
+
+
+def _check_flag(value, argument: str, what_false_does: str) -> None:
+    if not isinstance(value, bool | np.bool_):
+        raise TypeError(
+            f"`{argument}` must be True or False; got {value!r}. Pass `{argument}=False` to "
+            f"{what_false_does}."
         )
 
 

@@ -744,6 +744,15 @@ def test_recover_latent_without_the_hyperparameters_raises():
         pmo.recover_latent(marginal, idata, progressbar=False)
 
 
+def test_mean_correction_must_be_a_flag():
+    idata = az.from_dict(posterior={"mu": np.zeros((1, 2)), "sigma_y": np.ones((1, 2))})
+    marginal = pmo.marginalize_laplace(intercepts_model(sigma_y_free=True), "x")
+    with pytest.raises(TypeError, match="`mean_correction` must be True or False; got 'mean'"):
+        pmo.recover_latent(marginal, idata, progressbar=False, mean_correction="mean")
+    with pytest.raises(TypeError, match="`mean_correction` must be True or False; got None"):
+        pmo.fit_inla(intercepts_model(sigma_y_free=True), "x", mean_correction=None)
+
+
 # --- 6. a non-Gaussian likelihood and the failure policy ------------------------------------------
 N_COUNT_GROUPS, N_PER_COUNT_GROUP = 4, 5
 COUNT_GROUP = np.repeat(np.arange(N_COUNT_GROUPS), N_PER_COUNT_GROUP)
