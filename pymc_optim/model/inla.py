@@ -21,6 +21,7 @@ from pymc_optim.model.laplace import (
     LaplaceMarginal,
     _check_flag,
     _initial_mode,
+    _main_axis_order,
     _recover,
     _store_recovered,
     _warm_started,
@@ -806,7 +807,7 @@ def _posterior(model, marginal_model, target, theta_draws, rng, progressbar, mea
     # (no second compilation of the marginal), visiting the draws in order of their position
     # along the posterior's main axis so that each inner solve starts near its mode; the draws
     # keep their random order in the posterior.
-    order = np.argsort(theta_draws @ np.linalg.svd(theta_draws - theta_draws.mean(0))[2][0])
+    order = _main_axis_order(theta_draws)
     hyper = [
         np.asarray(idata.posterior[rv.name].values, dtype=rv.type.dtype)
         for rv in marginal_model.free_RVs

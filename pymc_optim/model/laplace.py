@@ -533,7 +533,7 @@ def _nearest_neighbour_order(points: np.ndarray) -> list[int]:
     spread = points.std(axis=0)
     x = (points - points.mean(axis=0)) / np.where(spread > 0, spread, 1.0)
     if n > 20_000:
-        return list(np.argsort(x @ np.linalg.svd(x, full_matrices=False)[2][0]))
+        return _main_axis_order(x)
     unvisited = np.ones(n, dtype=bool)
     order, current = [0], 0
     unvisited[0] = False
@@ -543,6 +543,13 @@ def _nearest_neighbour_order(points: np.ndarray) -> list[int]:
         unvisited[current] = False
         order.append(current)
     return order
+
+
+def _main_axis_order(points: np.ndarray) -> list[int]:
+    """The rows of `points` (draws × hyperparameters) in order of their position along the
+    draws' main axis (first principal component)."""
+    centred = points - points.mean(axis=0)
+    return list(np.argsort(centred @ np.linalg.svd(centred, full_matrices=False)[2][0]))
 
 
 def _mean_correction(structure, mode, hessian, at_mode, at_hessian):
