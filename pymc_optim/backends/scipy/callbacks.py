@@ -378,6 +378,24 @@ def _square(F: np.ndarray, z: np.ndarray) -> np.ndarray:
     return F
 
 
+def _scalar_fn(fn: Callable, dtype, params: list) -> Callable[[float], float]:
+    """A compiled 0-d function of the unknown as the float-to-float callable scipy's scalar
+    solvers take."""
+    return lambda z: float(fn(np.asarray(z, dtype=dtype), *params)[0])
+
+
+def _scalar_result(res, dtype, *, root: str, converged: str, message: str, counts: Callable):
+    """A scalar solver's scipy result (None if it raised) as the Op's (x*, success, counts);
+    `root`, `converged` and `message` name the result's attributes, which differ between
+    scipy's ``minimize_scalar`` and ``root_scalar``."""
+    if res is None:
+        return [np.asarray(np.nan, dtype=dtype)], False, -1, -1
+    note(getattr(res, message))
+    z = getattr(res, root)
+    success = bool(getattr(res, converged)) and bool(np.isfinite(z))
+    return [np.asarray(z, dtype=dtype)], success, *counts(res)
+
+
 def minimize_scalar(
     fns: dict,
     x0: np.ndarray,
@@ -390,25 +408,18 @@ def minimize_scalar(
 ):
     from scipy.optimize import minimize_scalar as scipy_minimize_scalar
 
-    value = fns["value"]
     dtype = np.asarray(x0).dtype
-
-    def fun(z):
-        return float(value(np.asarray(z, dtype=dtype), *params)[0])
-
     res = _guarded(
         scipy_minimize_scalar,
-        fun,
+        _scalar_fn(fns["value"], dtype, params),
         bracket=bracket,
         bounds=bounds,
         method=method,
         **without_trace(options),
     )
-    if res is None:
-        return [np.asarray(np.nan, dtype=dtype)], False, -1, -1
-    note(res.message)
-    success = bool(res.success) and bool(np.isfinite(res.x))
-    return [np.asarray(res.x, dtype=dtype)], success, *_counts(res)
+    return _scalar_result(
+        res, dtype, root="x", converged="success", message="message", counts=_counts
+    )
 
 
 def root_scalar(
@@ -423,21 +434,14 @@ def root_scalar(
     from scipy.optimize import root_scalar as scipy_root_scalar
 
     dtype = np.asarray(x0).dtype
-
-    def scalar_fn(name: str) -> Callable[[float], float]:
-        fn = fns[name]
-        return lambda z: float(fn(np.asarray(z, dtype=dtype), *params)[0])
-
-    derivatives = {}
-    if "fprime" in fns:
-        derivatives["fprime"] = scalar_fn("fprime")
-    if "fprime2" in fns:
-        derivatives["fprime2"] = scalar_fn("fprime2")
+    derivatives = {
+        name: _scalar_fn(fns[name], dtype, params) for name in ("fprime", "fprime2") if name in fns
+    }
     start = {} if bracket is not None else {"x0": float(x0)}
     # newton/secant warn on a zero derivative or tolerance miss; both give converged=False
     res = _guarded(
         scipy_root_scalar,
-        scalar_fn("equation"),
+        _scalar_fn(fns["equation"], dtype, params),
         method=method,
         bracket=bracket,
         ignore=RuntimeWarning,
@@ -445,8 +449,11 @@ def root_scalar(
         **derivatives,
         **without_trace(options),
     )
-    if res is None:
-        return [np.asarray(np.nan, dtype=dtype)], False, -1, -1
-    note(res.flag)
-    success = bool(res.converged) and bool(np.isfinite(res.root))
-    return [np.asarray(res.root, dtype=dtype)], success, res.iterations, res.function_calls
+    return _scalar_result(
+        res,
+        dtype,
+        root="root",
+        converged="converged",
+        message="flag",
+        counts=lambda res: (res.iterations, res.function_calls),
+    )
