@@ -87,7 +87,8 @@ def minimize(
         The control: a root variable of `objective`'s graph, of any shape, or a list of them.
     x0 : number, array, TensorVariable or list of them, optional
         Initial guess, cast to `x`'s type. When ``None``, the runtime value of `x` is the initial
-        guess and `x` stays an input of the returned graph.
+        guess and `x` stays an input of the returned graph. With `bounds` or `constraints` it
+        need not be feasible.
     method : str, optional
         Any method of :func:`scipy.optimize.minimize` (default "BFGS"), or ``"newton"``: damped
         Newton with exact Hessians and an Armijo line search, compiled into the graph (no scipy;
@@ -122,7 +123,8 @@ def minimize(
         is a ValueError naming them (numerically, when the graph alone cannot prove it fits
         and every input's shape is known). With `constraints` and ``method="newton"``: the
         layout of the Hessian of the Lagrangian, whose KKT system is then solved by the Schur
-        complement on the constraints (:func:`constrained_minimize`).
+        complement on the constraints (:func:`constrained_minimize`); the scipy methods keep the
+        dense KKT system and accept only "auto" and "dense".
     block_size : int, optional
         The block size for ``structure="block_diagonal"``.
     optimizer_kwargs : dict, optional
@@ -139,7 +141,9 @@ def minimize(
         or a maximum, where the gradient vanishes too, is a failure, and so is a flat direction,
         where x* has no implicit derivative). The check costs one Hessian at x* (in the
         compact form of `structure`) and one Cholesky factorization; it is skipped when the
-        objective's gradient cannot be built.
+        objective's gradient cannot be built. With `bounds` or `constraints`: the KKT conditions
+        hold at x* and the active set is not degenerate (active bounds are hit exactly; see
+        :mod:`pymc_optim.problems.constrained`).
 
     Raises
     ------

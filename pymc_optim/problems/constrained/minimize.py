@@ -97,48 +97,13 @@ def constrained_minimize(
     block_size: int | None = None,
     optimizer_kwargs: Mapping | None = None,
 ):
-    """Minimize `objective` over `x` under `bounds` and `constraints`; see :func:`minimize`.
+    """Minimize `objective` over `x` under `bounds` and `constraints`: the branch of
+    :func:`minimize` that takes them, whose docstring documents the arguments and the result.
 
-    Parameters
-    ----------
-    objective : TensorVariable
-        A scalar expression of `x` and of the parameters θ.
-    x : TensorVariable
-        The control, one root variable of any shape (not a list).
-    x0 : number, array or TensorVariable, optional
-        Initial guess (need not be feasible); ``None`` uses the runtime value of `x`.
-    method : {"SLSQP", "trust-constr", "L-BFGS-B", "newton"}, optional
-        Default: "L-BFGS-B" with bounds only, "SLSQP" otherwise (scipy's choice). "L-BFGS-B"
-        takes bounds only; "newton" (graph-native Newton on the KKT system, no scipy) takes
-        equality constraints only.
-    structure : {"auto", "dense", "diagonal", "block_diagonal"}, default "auto"
-        For "newton": the layout of the Hessian of the Lagrangian H = ∇²ₓL (the KKT matrix
-        itself is bordered by the constraint Jacobian, see :mod:`.kkt`). ``"auto"`` reads it off
-        the graph (:func:`pymc_optim.linalg.detect.hessian_structure` on L, the multipliers held
-        as parameters); a diagonal or block-diagonal H makes the KKT system be solved by the
-        Schur complement on the constraints, in the Newton steps and in the implicit gradient
-        (``"dense"`` otherwise). An explicit layout is checked once, as for :func:`minimize`.
-        The scipy methods keep the dense KKT system: for them only "auto" and "dense" are
-        accepted.
-    block_size : int, optional
-        The block size for ``structure="block_diagonal"``.
-    bounds : (lower, upper) or scipy.optimize.Bounds, optional
-        Element-wise bounds on `x`: each side ``None`` (unbounded), a number, an array or an
-        expression of the parameters, broadcast to `x`'s shape (±inf for unbounded entries).
-    constraints : dict or sequence of dict, optional
-        scipy-style ``{"type": "eq" | "ineq", "fun": expr}``, where `expr` is an expression of
-        `x` and of the parameters, of any shape; "eq" means expr = 0, "ineq" means expr ≥ 0.
-    optimizer_kwargs : dict, optional
-        Further keyword arguments of :func:`scipy.optimize.minimize` (``tol``, ``options``);
-        for "newton", ``tol`` and ``max_iter``.
-
-    Returns
-    -------
-    x_star : TensorVariable
-        The constrained minimizer, shaped like `x`, with active bounds hit exactly.
-    success : TensorVariable
-        Boolean scalar: scipy converged, the KKT conditions hold at x* and the active set is not
-        degenerate (see the module Notes). Use :func:`lagrange_multipliers` for λ, μ and ν.
+    Here `x` is one variable (not a list), `structure` is the layout of the Hessian of the
+    Lagrangian (for ``method="newton"``; the scipy methods keep the dense KKT system), and
+    `success` also requires the KKT conditions at x* and an active set that is not degenerate
+    (see the module Notes).
     """
     xs, is_list = as_control_variables(x)
     if is_list:
