@@ -470,5 +470,36 @@ def _register_jax() -> None:
         return b_cholesky
 
 
+def _register_numba() -> None:
+    """BCholesky under NUMBA (nutpie's default backend), through the LAPACK ``potrf`` PyTensor's
+    own numba Cholesky calls; registered when PyTensor first imports its numba dispatch. Without
+    it numba ran the Op in object mode, a Python call per evaluation."""
+    from pytensor.link.numba.dispatch import basic as numba_basic
+    from pytensor.link.numba.dispatch.linalg.decomposition.cholesky import _cholesky
+
+    @numba_basic.register_funcify_default_op_cache_key(BCholesky)
+    def _numba_b_cholesky(op, node, **kwargs):
+        @numba_basic.numba_njit
+        def b_cholesky(K, w):
+            n = w.shape[0]
+            if not np.all(w >= 0.0):  # False for NaN
+                return np.full((n, n), np.nan)
+            s = np.sqrt(w)
+            B = np.empty((n, n))
+            for j in range(n):
+                for i in range(n):
+                    B[i, j] = s[i] * K[i, j] * s[j]
+                B[j, j] += 1.0
+            # NaN everywhere when potrf fails; a NaN or infinity in B reaches L's diagonal
+            L = _cholesky(B, True, True)
+            if not np.all(np.isfinite(np.diag(L))):
+                return np.full((n, n), np.nan)
+            return L
+
+        return b_cholesky, 1
+
+
 if importlib.util.find_spec("jax") is not None:
     after_import("pytensor.link.jax.dispatch", _register_jax)
+if importlib.util.find_spec("numba") is not None:
+    after_import("pytensor.link.numba.dispatch", _register_numba)

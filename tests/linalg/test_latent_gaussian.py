@@ -7,6 +7,8 @@ agree to rounding (~1e-14); 1e-10 leaves a wide margin and would still catch any
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
@@ -155,17 +157,23 @@ def test_covariance_solve_is_differentiated_through_k_alone(case):
     assert "SolveTriangular" not in ops and ops.count("Cholesky") == 1
 
 
-@pytest.mark.parametrize("mode", [None, "JAX"])
+@pytest.mark.parametrize("mode", [None, "JAX", "NUMBA"])
 def test_b_cholesky_factorizes_b_and_is_differentiable(case, mode):
-    if mode == "JAX":
-        pytest.importorskip("jax")
+    if mode is not None:
+        pytest.importorskip(mode.lower())
     K, w, _ = case
     Kv, wv = pt.matrix("K"), pt.vector("w")
     L = BCholesky()(Kv, wv)
     B = np.eye(N) + np.sqrt(w)[:, None] * K * np.sqrt(w)
-    fn = pytensor.function([Kv, wv], L, mode=mode)
-    assert_allclose(fn(K, w), np.linalg.cholesky(B), rtol=1e-12, atol=1e-14)
+    with warnings.catch_warnings():
+        # numba's object-mode fallback warns: BCholesky must compile natively
+        warnings.filterwarnings("error", message=".*object mode.*BCholesky")
+        fn = pytensor.function([Kv, wv], L, mode=mode)
+        assert_allclose(fn(K, w), np.linalg.cholesky(B), rtol=1e-12, atol=1e-14)
     assert np.all(np.isnan(fn(K, -w)))
+    assert np.all(np.isnan(fn(K, np.where(np.arange(N) == 0, np.nan, w))))
+    # B indefinite (K with a negative eigenvalue of −2, so I + K has one of −1): all NaN
+    assert np.all(np.isnan(fn(np.diag(np.r_[-2.0, np.ones(N - 1)]), np.ones(N))))
     # its gradient is that of the written-out factorization
     cost = (L * np.arange(N * N).reshape(N, N)).sum()
     written = pt.linalg.cholesky(pt.eye(N) + pt.sqrt(wv)[:, None] * Kv * pt.sqrt(wv)[None, :])
