@@ -293,12 +293,13 @@ def resolve_gp_latents(model: pm.Model, latent):
 
 def _gaussian_source(model: pm.Model, var):
     """(v, linear part) of a Deterministic f = μ + A v with v a free variable (the only one f is
-    affine in, A a matrix); ValueError or NotImplementedError saying what works otherwise."""
+    affine in, A a matrix: a rescaling 2 v is not a GP); ValueError or NotImplementedError
+    saying what works otherwise."""
     found = []
     for rv in model.free_RVs:
         if rv in ancestors([var]):
             part = linear_map(var, rv)
-            if part is not None and part is not _CONSTANT:
+            if part is not None and part is not _CONSTANT and part[0] == "matrix":
                 found.append((rv, part))
     if len(found) != 1:
         what = (
@@ -307,9 +308,10 @@ def _gaussian_source(model: pm.Model, var):
             else f"several free variables ({', '.join(rv.name for rv, _ in found)})"
         )
         raise ValueError(
-            f"`latent` {var.name!r} is a Deterministic, and only a Deterministic that is an "
-            "affine map f = mu + A @ v of one free Gaussian variable v can be marginalized (as "
-            "`pm.gp.Latent(...).prior` and `pm.gp.HSGP(...).prior` write a GP); it is affine in "
+            f"`latent` {var.name!r} is not a free random variable of the model but a "
+            "Deterministic, and only a Deterministic f = mu + A @ v, A a matrix and v one free "
+            "Gaussian variable, can be marginalized (as `pm.gp.Latent(...).prior` and "
+            "`pm.gp.HSGP(...).prior` write a GP); it is such a map of "
             f"{what}. Pass the free variables to integrate out instead (free variables: "
             f"{[rv.name for rv in model.free_RVs]})."
         )
