@@ -99,7 +99,11 @@ def marginalize_laplace(
     model : pm.Model
         Left unchanged.
     latent : str, TensorVariable or list of them
-        Free, continuous random variables of `model` to integrate out.
+        Free, continuous random variables of `model` to integrate out, or a Gaussian process
+        by the name given to PyMC's GP ``prior``: a Deterministic f = μ + A v of one free
+        Gaussian v (``pm.gp.Latent``, non-centred by default, is integrated out as
+        f ~ MvNormal(μ, K); ``pm.gp.HSGP`` through its coefficients v). :func:`recover_latent`
+        returns f under its name and dims.
     method : str, default "newton"
         The inner solver of :func:`pymc_optim.minimize` (``"newton"`` is graph-native).
     hessian_structure : {"auto", "dense", "diagonal", "block_diagonal", "sparse"}, default "auto"

@@ -68,7 +68,9 @@ DIAGONAL_RTOL = 1e-10
 
 def latent_gaussian_structure(model: pm.Model, latent_rvs, seed: int = 20261201):
     """`LatentGaussianStructure` when the latent's prior is a Gaussian read here and the
-    likelihood's curvature in it is diagonal (at two random points), else None.
+    likelihood's curvature in it is diagonal (at two random points), or (``basis=True``, a
+    precision-form or Normal prior) diagonal in a linear predictor η = c + B x that every path
+    from the latent to the likelihood passes through; else None.
 
     The check costs two Hessian-vector products: nothing of size d × d is built. The covariance
     form also needs w ≥ 0 there (B = I + W^½ K W^½).
