@@ -540,7 +540,9 @@ def _flat_factor(factor, like):
     """A factor broadcast against `like`, as a scalar or a flat vector over like's elements."""
     if all(factor.type.broadcastable):
         return factor.squeeze() if factor.type.ndim else factor
-    return pt.broadcast_to(factor, like.shape).ravel()
+    # like's static shape where known: its symbolic shape would tie A to the latent
+    shape = like.type.shape if None not in like.type.shape else like.shape
+    return pt.broadcast_to(factor, shape).ravel()
 
 
 def _scaled(part, factor):
