@@ -237,6 +237,9 @@ def marginalize_laplace(
         structure = detected or _detect_hessian_structure(
             model, latent_rvs, initial_point, requested
         )
+        if requested == "auto" and method == "newton" and structure.kind == "dense":
+            # a Normal latent behind a linear predictor (HSGP's coefficients): Q + Bᵀ W B
+            structure = latent_gaussian_structure(model, latent_rvs, normal=True) or structure
 
     fgraph, memo = fgraph_from_model(model, inlined_views=True)
     latent_fg = [memo[rv] for rv in latent_rvs]

@@ -66,20 +66,26 @@ PRIOR_FORMS = {
 DIAGONAL_RTOL = 1e-10
 
 
-def latent_gaussian_structure(model: pm.Model, latent_rvs, seed: int = 20261201):
+def latent_gaussian_structure(
+    model: pm.Model, latent_rvs, seed: int = 20261201, *, normal: bool = False
+):
     """`LatentGaussianStructure` when the latent's prior is a Gaussian read here and the
     likelihood's curvature in it is diagonal (at two random points), or (``basis=True``, a
     precision-form or Normal prior) diagonal in a linear predictor η = c + B x that every path
     from the latent to the likelihood passes through; else None.
 
     The check costs two Hessian-vector products: nothing of size d × d is built. The covariance
-    form also needs w ≥ 0 there (B = I + W^½ K W^½).
+    form also needs w ≥ 0 there (B = I + W^½ K W^½). A Normal latent (independent elements) is
+    considered only with `normal` (the caller found its Hessian dense: a diagonal or block one
+    is cheaper than Q + Bᵀ W B), and only for the basis form.
     """
     if len(latent_rvs) != 1:
         return None
     (rv,) = latent_rvs
-    normal = type(rv.owner.op).__name__ == "NormalRV"  # H = Q + Bᵀ diag(w) B only
-    form = "precision" if normal else PRIOR_FORMS.get(type(rv.owner.op).__name__)
+    kind = type(rv.owner.op).__name__
+    if normal != (kind == "NormalRV"):
+        return None
+    form = "precision" if normal else PRIOR_FORMS.get(kind)
     if form is None or model.rvs_to_transforms.get(rv) is not None:
         return None
     if form == "covariance" and _precision_of_mvnormal(rv.owner.inputs[3]) is not None:
