@@ -12,6 +12,8 @@ embedded Laplace:
 
 * ``"precision"``: Q is read off the prior (ICAR, CAR, AR(1), random walk, MvNormal with
   ``tau``): A = Q + diag(w) is formed densely and factorized by Cholesky.
+  With ``basis=True`` the likelihood is element-wise in a linear predictor η = c + B x (an
+  HSGP's basis, a design matrix) and its curvature part is the matrix Bᵀ diag(w) B.
 * ``"covariance"``: the prior gives a covariance K (MvNormal with ``cov`` or ``chol``, a GP): K
   is never inverted. With S = W^½ and B = I + S K S (eigenvalues ≥ 1 whatever K's condition),
 
@@ -71,6 +73,10 @@ class LatentGaussianStructure(LinearStructure):
     ----------
     form : {"precision", "covariance"}
         Whether the prior matrix part of A is the precision Q or the covariance K.
+    basis : bool, default False
+        With ``form="precision"``: the likelihood is element-wise in a linear predictor
+        η = c + B x (a basis expansion, a design matrix), so its curvature part is the matrix
+        Bᵀ diag(w) B, built by the caller, and A = Q + Bᵀ diag(w) B.
 
     Examples
     --------
@@ -88,6 +94,7 @@ class LatentGaussianStructure(LinearStructure):
     kind: str = "latent_gaussian"
     block_size: int | None = None
     form: str = "precision"
+    basis: bool = False
 
     def __post_init__(self):
         if self.kind != "latent_gaussian" or self.block_size is not None:
@@ -101,6 +108,11 @@ class LatentGaussianStructure(LinearStructure):
             raise ValueError(
                 f"`form` must be one of {', '.join(map(repr, FORMS))}; got {self.form!r}."
             )
+        if self.basis and self.form != "precision":
+            raise ValueError(
+                "`basis=True` needs `form='precision'` (A = Q + Bᵀ diag(w) B); got "
+                f"form={self.form!r}."
+            )
 
     @property
     def compact_ndim(self) -> int:
@@ -113,7 +125,8 @@ class LatentGaussianStructure(LinearStructure):
         return _parts(A)
 
     def jacobian(self, F, xs, prior=None, curvature=None) -> TensorVariable:
-        """Compact A from the prior part (Q or K, (n, n)) and the curvature w ((n,))."""
+        """Compact A from the prior part (Q or K, (n, n)) and the curvature w ((n,)), or, with
+        `basis`, the likelihood's curvature matrix Bᵀ diag(w) B ((n, n))."""
         if prior is None or curvature is None:
             raise ValueError(
                 "`LatentGaussianStructure.jacobian` builds A from its parts, the prior matrix and "
@@ -122,6 +135,8 @@ class LatentGaussianStructure(LinearStructure):
             )
         prior = prior.astype("float64")
         curvature = curvature.astype("float64")
+        if self.basis:
+            return prior + curvature
         if self.form == "precision":
             return prior + pt.eye(curvature.shape[0], dtype="float64") * curvature[None, :]
         return pt.concatenate([prior, curvature[None, :]], axis=0)

@@ -37,7 +37,11 @@ from pymc_optim.linalg.latent_gaussian import LatentGaussianStructure
 from pymc_optim.linalg.sparse import SparseStructure
 from pymc_optim.linalg.structure import LinearStructure, _finite, as_linear_structure
 from pymc_optim.model.failure import apply_failure_policy, check_on_failure
-from pymc_optim.model.latent_gaussian import latent_gaussian_mode, latent_gaussian_structure
+from pymc_optim.model.latent_gaussian import (
+    latent_gaussian_mode,
+    latent_gaussian_structure,
+    resolve_gp_latents,
+)
 from pymc_optim.problems.minimize import minimize
 
 __all__ = ["LaplaceInfo", "laplace_info", "marginalize_laplace", "recover_latent"]
@@ -95,7 +99,11 @@ def marginalize_laplace(
     model : pm.Model
         Left unchanged.
     latent : str, TensorVariable or list of them
-        Free, continuous random variables of `model` to integrate out.
+        Free, continuous random variables of `model` to integrate out, or a Gaussian process
+        by the name given to PyMC's GP ``prior``: a Deterministic f = μ + A v of one free
+        Gaussian v (``pm.gp.Latent``, non-centred by default, is integrated out as
+        f ~ MvNormal(μ, K); ``pm.gp.HSGP`` through its coefficients v). :func:`recover_latent`
+        returns f under its name and dims.
     method : str, default "newton"
         The inner solver of :func:`pymc_optim.minimize` (``"newton"`` is graph-native).
     hessian_structure : {"auto", "dense", "diagonal", "block_diagonal", "sparse"}, default "auto"
@@ -212,6 +220,7 @@ def marginalize_laplace(
     _check_model(model, "model", "marginalize_laplace")
     check_on_failure(on_failure)
     _check_flag(warm_start, "warm_start", "start every inner solve from the initial point")
+    model, latent = resolve_gp_latents(model, latent)  # a GP latent named by its Deterministic
     latent_rvs = _check_latents(model, latent)
     initial_point = model.initial_point()  # once: each call compiles a function
     requested = as_linear_structure(hessian_structure, block_size, "hessian_structure")
@@ -228,6 +237,9 @@ def marginalize_laplace(
         structure = detected or _detect_hessian_structure(
             model, latent_rvs, initial_point, requested
         )
+        if requested == "auto" and method == "newton" and structure.kind == "dense":
+            # a Normal latent behind a linear predictor (HSGP's coefficients): Q + Bᵀ W B
+            structure = latent_gaussian_structure(model, latent_rvs, normal=True) or structure
 
     fgraph, memo = fgraph_from_model(model, inlined_views=True)
     latent_fg = [memo[rv] for rv in latent_rvs]
@@ -869,12 +881,13 @@ def _check_latents(model: pm.Model, latent) -> list[TensorVariable]:
         if name not in model.named_vars:
             raise ValueError(
                 f"`latent` {item!r} is not a variable of the model; free variables: "
-                f"{[rv.name for rv in model.free_RVs]}."
+                f"{[rv.name for rv in model.free_RVs]}.{_gp_marginal_hint(model)}"
             )
         rv = model[name]
         if rv in model.observed_RVs:
             raise ValueError(
                 f"`latent` {name!r} is observed; only free variables can be marginalized."
+                f"{_gp_marginal_hint(model)}"
             )
         if rv not in model.free_RVs:
             raise ValueError(f"`latent` {name!r} is not a free random variable of the model.")
@@ -893,6 +906,19 @@ def _check_latents(model: pm.Model, latent) -> list[TensorVariable]:
             )
         out.append(rv)
     return out
+
+
+def _gp_marginal_hint(model: pm.Model) -> str:
+    """What to do instead, for a model whose GP is already integrated out (an observed
+    MvNormal, as `pm.gp.Marginal.marginal_likelihood` writes it)."""
+    if not any(type(rv.owner.op).__name__ == "MvNormalRV" for rv in model.observed_RVs):
+        return ""
+    return (
+        " An observed MvNormal (`pm.gp.Marginal`'s `marginal_likelihood`) is a Gaussian process "
+        "integrated out exactly already: sample the model as it is. For a non-Gaussian "
+        "likelihood, write the GP with `pm.gp.Latent` or `pm.gp.HSGP` and pass the name given "
+        "to its `prior` (e.g. `pmo.marginalize_laplace(model, 'f')`)."
+    )
 
 
 def _is_gaussian(rv, model: pm.Model) -> bool:

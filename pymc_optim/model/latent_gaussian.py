@@ -8,6 +8,14 @@ H = Q + diag(w) (:class:`pymc_optim.linalg.latent_gaussian.LatentGaussianStructu
 computed once per evaluation outside the solver, w by one reverse pass inside each Newton step,
 instead of the n reverse passes of a general dense Hessian. Covariance-form priors keep K (never
 inverted): Rasmussen & Williams' B = I + W^½ K W^½.
+
+A likelihood that is element-wise in a linear predictor η = c + A x of the latent (a basis
+expansion such as `pm.gp.HSGP`'s f = Φ (√S ⊙ β), a design matrix) has curvature Aᵀ diag(w) A
+in x: H = Q + Aᵀ diag(w) A, w by one reverse pass in η (``LatentGaussianStructure(basis=True)``;
+Q = diag(1/σ²) for a Normal latent). And `resolve_gp_latents` lets a latent be named by a
+Deterministic f = μ + A v of a Gaussian v, as PyMC's GP API writes one: `pm.gp.Latent`'s
+default f = μ + cholesky(K) v with v ~ N(0, I) is f ~ MvNormal(μ, K), marginalized in the
+covariance form (K never inverted); any other such f (HSGP) marginalizes v in the basis form.
 """
 
 from __future__ import annotations
@@ -15,13 +23,23 @@ from __future__ import annotations
 import numpy as np
 import pymc as pm
 import pytensor
+import pytensor.scalar as ps
 import pytensor.tensor as pt
+from pymc.model.fgraph import fgraph_from_model, model_free_rv, model_from_fgraph
+from pytensor.compile.ops import DeepCopyOp, ViewOp
 from pytensor.gradient import disconnected_grad, grad
 from pytensor.graph.replace import graph_replace
-from pytensor.graph.traversal import ancestors
+from pytensor.graph.traversal import ancestors, io_toposort
+from pytensor.tensor.basic import NotScalarConstantError, get_underlying_scalar_constant_value
+from pytensor.tensor.blockwise import Blockwise
+from pytensor.tensor.elemwise import DimShuffle, Elemwise
+from pytensor.tensor.math import Dot
 from pytensor.tensor.nlinalg import MatrixInverse
+from pytensor.tensor.shape import Reshape, SpecifyShape
+from pytensor.tensor.slinalg import Cholesky
 
 from pymc_optim.backends.newton import NewtonOp
+from pymc_optim.graph.inner_graph import static_size
 from pymc_optim.graph.solver_op import make_solution
 from pymc_optim.implicit import OptimalityCondition
 from pymc_optim.linalg.latent_gaussian import (
@@ -31,7 +49,7 @@ from pymc_optim.linalg.latent_gaussian import (
 )
 from pymc_optim.problems._arguments import check_optimizer_kwargs, newton_options, split_problem
 
-__all__ = ["latent_gaussian_mode", "latent_gaussian_structure"]
+__all__ = ["latent_gaussian_mode", "latent_gaussian_structure", "resolve_gp_latents"]
 
 #: Priors whose precision (or covariance) is read off the model, and the form of H they give.
 #: (A Normal latent under an element-wise likelihood has a diagonal H: "auto" finds that.)
@@ -48,17 +66,26 @@ PRIOR_FORMS = {
 DIAGONAL_RTOL = 1e-10
 
 
-def latent_gaussian_structure(model: pm.Model, latent_rvs, seed: int = 20261201):
+def latent_gaussian_structure(
+    model: pm.Model, latent_rvs, seed: int = 20261201, *, normal: bool = False
+):
     """`LatentGaussianStructure` when the latent's prior is a Gaussian read here and the
-    likelihood's curvature in it is diagonal (at two random points), else None.
+    likelihood's curvature in it is diagonal (at two random points), or (``basis=True``, a
+    precision-form or Normal prior) diagonal in a linear predictor η = c + B x that every path
+    from the latent to the likelihood passes through; else None.
 
     The check costs two Hessian-vector products: nothing of size d × d is built. The covariance
-    form also needs w ≥ 0 there (B = I + W^½ K W^½).
+    form also needs w ≥ 0 there (B = I + W^½ K W^½). A Normal latent (independent elements) is
+    considered only with `normal` (the caller found its Hessian dense: a diagonal or block one
+    is cheaper than Q + Bᵀ W B), and only for the basis form.
     """
     if len(latent_rvs) != 1:
         return None
     (rv,) = latent_rvs
-    form = PRIOR_FORMS.get(type(rv.owner.op).__name__)
+    kind = type(rv.owner.op).__name__
+    if normal != (kind == "NormalRV"):
+        return None
+    form = "precision" if normal else PRIOR_FORMS.get(kind)
     if form is None or model.rvs_to_transforms.get(rv) is not None:
         return None
     if form == "covariance" and _precision_of_mvnormal(rv.owner.inputs[3]) is not None:
@@ -74,11 +101,58 @@ def latent_gaussian_structure(model: pm.Model, latent_rvs, seed: int = 20261201)
     likelihood = graph_replace(
         model.logp(vars=observed, sum=True), {value: z.reshape(shape)}, strict=False
     )
-    curvature = likelihood_curvature(-likelihood, z)
-    direction = z.type("direction")
-    hvp = grad((grad(-likelihood, z) * direction).sum(), z)
     others = [v for v in model.value_vars if v is not value]
-    fn = pytensor.function([z, *others, direction], [hvp, curvature], on_unused_input="ignore")
+    if not normal and _diagonal_curvature(-likelihood, z, z, start, value, others, form, seed):
+        return LatentGaussianStructure(form=form)
+    if form != "precision":
+        return None
+    predictor = linear_predictor(-likelihood, z)
+    if predictor is None:
+        return None
+    eta, _ = predictor
+    if _diagonal_curvature(-likelihood, z, eta, start, value, others, form, seed):
+        return LatentGaussianStructure(form=form, basis=True)
+    return None
+
+
+def linear_predictor(negative_likelihood, z):
+    """(η, B): the most downstream variable η of `negative_likelihood`'s graph through which
+    every path from `z` passes and that is an affine map η = c + B z with a matrix B (see
+    `linear_map`), or None."""
+    memo: dict = {}
+    d = z.size
+    nodes = io_toposort([z], [negative_likelihood])
+    for node in reversed(nodes):
+        for var in node.outputs:
+            part = _linear(var, z, d, memo)
+            if part is None or part is _CONSTANT or part[0] != "matrix":
+                continue
+            if z not in ancestors([negative_likelihood], blockers=[var]):
+                return var, part[1]
+    return None
+
+
+def _diagonal_curvature(negative_likelihood, z, x, start, value, others, form, seed) -> bool:
+    """Whether the Hessian of `negative_likelihood` in `x` (z itself, or a linear predictor of
+    it) is diagonal at two random points of the model: H v against w ⊙ v."""
+    n = static_size(x)
+    if n is None:
+        return False
+    stand_in = pt.vector("x", dtype=x.dtype, shape=(n,))
+    if x is z:
+        in_x = negative_likelihood
+    else:
+        in_x = graph_replace(negative_likelihood, {x: stand_in.reshape(x.type.shape)}, strict=False)
+        if z in ancestors([in_x]):
+            return False
+    at = stand_in if x is not z else z
+    curvature = likelihood_curvature(in_x, at)
+    direction = at.type("direction")
+    hvp = grad((grad(in_x, at) * direction).sum(), at)
+    outputs = [hvp, curvature]
+    if x is not z:
+        outputs = graph_replace(outputs, {stand_in: x.ravel()}, strict=False)
+    fn = pytensor.function([z, *others, direction], outputs, on_unused_input="ignore")
     rng = np.random.default_rng(seed)
     found = 0
     for _ in range(8):  # two finite points, retrying jitters that fail (as the pattern probe)
@@ -88,19 +162,19 @@ def latent_gaussian_structure(model: pm.Model, latent_rvs, seed: int = 20261201)
             else val
             for name, val in start.items()
         }
-        v = rng.standard_normal(d).astype(z.dtype)
+        v = rng.standard_normal(n).astype(z.dtype)
         Hv, w = fn(point[value.name].ravel(), *[point[o.name] for o in others], v)
         if not (np.all(np.isfinite(Hv)) and np.all(np.isfinite(w))):
             continue
         scale = np.max(np.abs(w * v), initial=0.0)
         if not np.allclose(Hv, w * v, rtol=DIAGONAL_RTOL, atol=DIAGONAL_RTOL * scale):
-            return None
+            return False
         if form == "covariance" and np.any(w < 0):
-            return None  # B = I + W^½ K W^½ needs w ≥ 0 (a log-concave likelihood)
+            return False  # B = I + W^½ K W^½ needs w ≥ 0 (a log-concave likelihood)
         found += 1
         if found == 2:
-            return LatentGaussianStructure(form=form)
-    return None
+            return True
+    return False
 
 
 def latent_gaussian_mode(objective, negative_likelihood, z, x0, prior, structure, kwargs):
@@ -123,6 +197,7 @@ def latent_gaussian_mode(objective, negative_likelihood, z, x0, prior, structure
     function as the gradient of `objective`, written so that its pullback is one solve too.
     """
     matrix = prior_matrix(prior, structure.form)
+    curvature = basis_curvature if structure.basis else likelihood_curvature
     options = newton_options(check_optimizer_kwargs(kwargs, reserved={}))
     covariance = structure.form == "covariance"
     if covariance:
@@ -152,7 +227,7 @@ def latent_gaussian_mode(objective, negative_likelihood, z, x0, prior, structure
         [residual],
         symmetric=True,
         structure=structure,
-        parts=(inner_matrix, likelihood_curvature(inner_negative_likelihood, inner_z)),
+        parts=(inner_matrix, curvature(inner_negative_likelihood, inner_z)),
     )
     op = NewtonOp(
         problem,
@@ -181,9 +256,126 @@ def latent_gaussian_mode(objective, negative_likelihood, z, x0, prior, structure
     return z_star, success, hessian, marginal
 
 
+def resolve_gp_latents(model: pm.Model, latent):
+    """`model` and `latent` with each latent named by a Deterministic f = μ + A v, v a free
+    Gaussian variable and μ, A free of it (PyMC's GP API: `pm.gp.Latent`, `pm.gp.HSGP`), made
+    something `marginalize_laplace` integrates out.
+
+    * f = μ + cholesky(K) v with v ~ N(0, I) (``pm.gp.Latent(...).prior("f", X)``, non-centred
+      by default) and nothing else using v: f ~ MvNormal(μ, K). The model is rewritten with
+      that MvNormal in place of v and f, so f is marginalized in the covariance form (K never
+      inverted) and recovered under its own name and dims.
+    * any other such f (HSGP's f = μ + Φ (√S ⊙ β)): v itself is marginalized (in the basis
+      form H = Q + Aᵀ W A) and f is recovered as its Deterministic.
+
+    Other names are returned unchanged. The user's model is never changed.
+    """
+    items = list(latent) if isinstance(latent, list | tuple) else [latent]
+    out = []
+    for item in items:
+        name = item if isinstance(item, str) else getattr(item, "name", None)
+        var = model.named_vars.get(name)
+        if var is None or var not in model.deterministics:
+            out.append(item)
+            continue
+        source, (kind, matrix) = _gaussian_source(model, var)
+        others = [x for x in [*model.deterministics, *model.observed_RVs, *model.potentials]]
+        used_elsewhere = any(
+            x is not var and source in ancestors([x], blockers=[var]) for x in others
+        )
+        if (
+            len(items) == 1
+            and kind == "matrix"
+            and var.type.ndim == 1
+            and source.type.ndim == 1
+            and _cholesky_input(matrix) is not None
+            and _is_standard_normal(source)
+            and not used_elsewhere
+        ):
+            model = _as_multivariate_normal(model, var, source)
+            out.append(name)
+        else:
+            out.append(source.name)
+    return model, (out if isinstance(latent, list | tuple) else out[0])
+
+
+def _gaussian_source(model: pm.Model, var):
+    """(v, linear part) of a Deterministic f = μ + A v with v a free variable (the only one f is
+    affine in, A a matrix: a rescaling 2 v is not a GP); ValueError or NotImplementedError
+    saying what works otherwise."""
+    found = []
+    for rv in model.free_RVs:
+        if rv in ancestors([var]):
+            part = linear_map(var, rv)
+            if part is not None and part is not _CONSTANT and part[0] == "matrix":
+                found.append((rv, part))
+    if len(found) != 1:
+        what = (
+            "no free variable"
+            if not found
+            else f"several free variables ({', '.join(rv.name for rv, _ in found)})"
+        )
+        raise ValueError(
+            f"`latent` {var.name!r} is not a free random variable of the model but a "
+            "Deterministic, and only a Deterministic f = mu + A @ v, A a matrix and v one free "
+            "Gaussian variable, can be marginalized (as `pm.gp.Latent(...).prior` and "
+            "`pm.gp.HSGP(...).prior` write a GP); it is such a map of "
+            f"{what}. Pass the free variables to integrate out instead (free variables: "
+            f"{[rv.name for rv in model.free_RVs]})."
+        )
+    rv, part = found[0]
+    kind = type(rv.owner.op).__name__
+    if kind != "NormalRV" and kind not in PRIOR_FORMS:
+        raise NotImplementedError(
+            f"`latent` {var.name!r} is a Deterministic of `{rv.name}`, whose prior ({kind}) is "
+            "not Gaussian: the Laplace marginal integrates out a Gaussian latent (a Student-t "
+            "process, `pm.gp.TP`, is not supported). Write the GP with `pm.gp.Latent` or "
+            "`pm.gp.HSGP`, or give the latent a Gaussian prior."
+        )
+    return rv, part
+
+
+def _as_multivariate_normal(model: pm.Model, f, v):
+    """A copy of `model` in which the Deterministic f = μ + cholesky(K) v (v ~ N(0, I)) is the
+    free variable f ~ MvNormal(μ, K), with f's name and dims, and v is gone."""
+    fgraph, memo = fgraph_from_model(model, inlined_views=True)
+    f_fg, v_fg = memo[f], memo[v]
+    expression = f_fg.owner.inputs[0]
+    _, matrix = linear_map(expression, v_fg)
+    rv = pm.MvNormal.dist(mu=_offset(expression, v_fg, matrix), cov=_cholesky_input(matrix))
+    new = model_free_rv(rv, rv.type(name=f.name), None, *f_fg.owner.inputs[1:])
+    new.name = f.name
+    fgraph.replace(f_fg, new, import_missing=True)
+    fgraph.remove_output(fgraph.outputs.index(v_fg))
+    new_model = model_from_fgraph(fgraph, mutate_fgraph=True)
+    # the user's order of free variables (f in v's place), as marginalize_laplace keeps it
+    order = {rv.name: i for i, rv in enumerate(model.free_RVs)}
+    order[f.name] = order[v.name]
+    new_model.free_RVs.sort(key=lambda rv: order[rv.name])
+    return new_model
+
+
 def likelihood_curvature(negative_likelihood, z):
     """diag of ∇²(−log p(y | z)) by one reverse pass: (∇² f)ᵀ 1 is the diagonal when ∇² f is."""
     return grad(grad(negative_likelihood, z).sum(), z)
+
+
+def basis_curvature(negative_likelihood, z):
+    """Bᵀ diag(w) B: the Hessian of a likelihood element-wise in its linear predictor
+    η = c + B z (`linear_predictor`), w by one reverse pass in η."""
+    predictor = linear_predictor(negative_likelihood, z)
+    if predictor is None:
+        raise RuntimeError(
+            "The solver's likelihood has no linear predictor, but its structure was chosen for "
+            "one (basis=True); please report this with the model."
+        )
+    eta, B = predictor
+    stand_in = eta.type()
+    in_eta = graph_replace(negative_likelihood, {eta: stand_in}, strict=False)
+    w = graph_replace(likelihood_curvature(in_eta, stand_in), {stand_in: eta}, strict=False)
+    w = w.ravel().astype("float64")
+    B = B.astype("float64")
+    return B.T @ (w[:, None] * B)
 
 
 def _precision_of_mvnormal(cov):
@@ -199,6 +391,11 @@ def prior_matrix(rv, form: str, *, check_only: bool = False):
     read here (not batched, AR of order 1, Normal initial and innovation distributions)."""
     op_name = type(rv.owner.op).__name__
     inputs = rv.owner.inputs
+    if op_name == "NormalRV":  # independent elements (the basis form): Q = diag(1/σ²)
+        if check_only:
+            return True
+        precision = pt.broadcast_to(1.0 / inputs[3].astype("float64") ** 2, rv.shape).ravel()
+        return pt.eye(precision.shape[0], dtype="float64") * precision[None, :]
     if op_name == "MvNormalRV":
         cov = inputs[3]
         if cov.type.ndim != 2 or rv.type.ndim != 1:
@@ -267,3 +464,162 @@ def _markov_precision(rv, *, check_only: bool):
     off = pt.concatenate([zero, -rho * tau])  # off[j] = Q_{j−1, j}
     Q = pt.eye(n) * diagonal[None, :] + pt.eye(n, k=1) * off[None, :]
     return (Q + pt.eye(n, k=-1) * off[:, None]).astype("float64")
+
+
+# --- linear maps read off a graph ---------------------------------------------------------------
+#: Ops that keep the elements of their first input in C order (reshapes, views, broadcastable
+#: dims added or dropped are checked in `_order_keeping`).
+_PASS_THROUGH = (Reshape, SpecifyShape, ViewOp, DeepCopyOp)
+_CONSTANT = "constant"
+
+
+def linear_map(expression, source):
+    """A with flat(`expression`) = c + A flat(`source`), c free of `source`, read off the graph:
+    ``("matrix", A)`` ((n, d)), ``("scale", s)`` when A = diag(s) (s a scalar or a (d,)
+    vector), or None when the graph is not affine in `source` by these rules: reshapes and
+    order-keeping dim shuffles, sums and differences, products and quotients by
+    `source`-free factors, and matrix products with a `source`-free matrix (PyMC's
+    ``cholesky(K).dot(v)`` and ``phi @ (beta * sqrt_psd)``). Other variables of the graph are
+    parameters of A and c."""
+    memo: dict = {}
+    d = pt.as_tensor_variable(source).size
+    return _linear(expression, source, d, memo)
+
+
+def _linear(var, source, d, memo):
+    if var in memo:
+        return memo[var]
+    memo[var] = out = _linear_step(var, source, d, memo)
+    return out
+
+
+def _linear_step(var, source, d, memo):
+    if var is source:
+        return ("scale", None)  # the identity
+    owner = var.owner
+    if owner is None:
+        return _CONSTANT
+    parts = [_linear(i, source, d, memo) for i in owner.inputs]
+    if all(p is _CONSTANT for p in parts):
+        return _CONSTANT
+    if any(p is None for p in parts):
+        return None
+    op = owner.op
+    linear = [i for i, p in enumerate(parts) if p is not _CONSTANT]
+    if isinstance(op, _PASS_THROUGH):
+        return parts[0] if linear == [0] else None
+    if isinstance(op, DimShuffle):
+        return parts[0] if _order_keeping(op, owner.inputs[0]) else None
+    core = op.core_op if isinstance(op, Blockwise) else op
+    if isinstance(core, Dot):
+        return _matrix_product(owner, parts, linear, d)
+    if not isinstance(op, Elemwise):
+        return None
+    # element-wise: a linear input must not be broadcast (it has the output's elements)
+    if any(owner.inputs[i].type.broadcastable != var.type.broadcastable for i in linear):
+        return None
+    scalar = op.scalar_op
+    if isinstance(scalar, ps.Add):
+        return _sum([parts[i] for i in linear], d)
+    if isinstance(scalar, ps.Sub):
+        signed = [parts[i] if i == 0 else _scaled(parts[i], pt.constant(-1.0)) for i in linear]
+        return _sum(signed, d)
+    if isinstance(scalar, ps.Neg):
+        return _scaled(parts[0], pt.constant(-1.0))
+    if isinstance(scalar, ps.Mul) and len(linear) == 1:
+        (i,) = linear
+        factors = [x for j, x in enumerate(owner.inputs) if j != i]
+        return _scaled(parts[i], _flat_factor(pt.mul(*factors), var))
+    if isinstance(scalar, ps.TrueDiv) and linear == [0]:
+        return _scaled(parts[0], _flat_factor(1.0 / owner.inputs[1], var))
+    return None
+
+
+def _order_keeping(op, x):
+    """Whether a DimShuffle keeps x's elements in C order (it adds or drops length-1 dims, or
+    moves them, but not two dims of other lengths past each other)."""
+    kept = [i for i in op.new_order if i != "x" and not x.type.broadcastable[i]]
+    return kept == sorted(kept)
+
+
+def _flat_factor(factor, like):
+    """A factor broadcast against `like`, as a scalar or a flat vector over like's elements."""
+    if all(factor.type.broadcastable):
+        return factor.squeeze() if factor.type.ndim else factor
+    # like's static shape where known: its symbolic shape would tie A to the latent
+    shape = like.type.shape if None not in like.type.shape else like.shape
+    return pt.broadcast_to(factor, shape).ravel()
+
+
+def _scaled(part, factor):
+    """diag(factor) ∘ part, `factor` a scalar or a vector over part's output elements."""
+    kind, a = part
+    if kind == "scale":
+        return ("scale", factor if a is None else factor * a)
+    return ("matrix", (factor if factor.type.ndim == 0 else factor[:, None]) * a)
+
+
+def _as_matrix(part, d):
+    kind, a = part
+    if kind == "matrix":
+        return a
+    return _times_scale(pt.eye(d), a)
+
+
+def _times_scale(matrix, a):
+    """matrix @ diag(a) (a None for the identity, a scalar, or a vector)."""
+    if a is None:
+        return matrix
+    return matrix * (a if a.type.ndim == 0 else a[None, :])
+
+
+def _sum(parts, d):
+    if len(parts) == 1:
+        return parts[0]
+    if all(kind == "scale" for kind, _ in parts):
+        return ("scale", pt.add(*(pt.constant(1.0) if a is None else a for _, a in parts)))
+    return ("matrix", pt.add(*(_as_matrix(p, d) for p in parts)))
+
+
+def _matrix_product(owner, parts, linear, d):
+    """B @ x or x @ B with B a free matrix and x linear, a vector, a column (B @ x) or a row
+    (x @ B): flat(out) = B flat(x), or Bᵀ flat(x)."""
+    if len(linear) != 1:
+        return None
+    (i,) = linear
+    B, x = owner.inputs[1 - i], owner.inputs[i]
+    if B.type.ndim != 2 or x.type.ndim not in (1, 2):
+        return None
+    if x.type.ndim == 2 and not x.type.broadcastable[1 if i == 1 else 0]:
+        return None  # a matrix of several columns (rows): not one vector
+    left = B if i == 1 else B.T
+    kind, a = parts[i]
+    if kind == "scale":
+        return ("matrix", _times_scale(left, a))
+    return ("matrix", left @ a)
+
+
+def _offset(expression, source, matrix):
+    """c of flat(expression) = c + A flat(source) (A = `matrix`, a vector source): the
+    expression at source = 0 (zeros_like(source) would keep source in the graph)."""
+    zeros = pt.zeros(matrix.shape[1], dtype=source.dtype)
+    return graph_replace(expression, {source: zeros}, strict=False).ravel()
+
+
+def _cholesky_input(matrix):
+    """K when `matrix` is ``cholesky(K)`` (lower), else None."""
+    op = getattr(matrix.owner, "op", None)
+    core = op.core_op if isinstance(op, Blockwise) else op
+    if isinstance(core, Cholesky) and core.lower:
+        return matrix.owner.inputs[0]
+    return None
+
+
+def _is_standard_normal(rv) -> bool:
+    if type(rv.owner.op).__name__ != "NormalRV":
+        return False
+    try:
+        mu, sigma = (get_underlying_scalar_constant_value(x) for x in rv.owner.inputs[2:4])
+    except NotScalarConstantError:
+        return False
+    return mu == 0 and sigma == 1
