@@ -19,7 +19,9 @@ model (issue 14 item 5's target: ≤ 4x) and the NewtonOp's iterations and evalu
 In C it also splits one warm marginal call (issue 14 item 4): the time in the compiled inner
 functions (their ``fn.vm()``), in the rest of the Newton solve (the numpy loop and the Op's
 bookkeeping), and in the outer graph (x* → log det H, the implicit pullback), each in units of
-one full-model logp+gradient of the same run.
+one full-model logp+gradient of the same run; and times one call of the loop's inner system
+function through ``Function.__call__``, through the loop's ``direct_call`` and as ``fn.vm()``
+alone (the per-call overhead is the difference).
 """
 
 from __future__ import annotations
@@ -164,6 +166,44 @@ def breakdown(op, fn, points, calls):
     return inner[0] / calls, (solve_time[0] - inner[0]) / calls, total / calls
 
 
+def call_overhead(op, fn, points, calls):
+    """Seconds per call of the Newton loop's inner system function, called three ways: through
+    ``Function.__call__`` (``trust_input=True``), through the loop's `direct_call` (what the
+    loop does), and its ``fn.vm()`` alone with the inputs already in place (the computation)."""
+    from pymc_optim.backends.newton import direct_call
+
+    captured = {}
+    original_solve = op.solve
+
+    def spy(fns, x0s, params, extras):
+        captured.update(fn=fns["system"], args=(x0s[0], *params))
+        return original_solve(fns, x0s, params, extras)
+
+    op.solve = spy
+    try:
+        fn(points[0])
+    finally:
+        del op.solve
+    system, args = captured["fn"], captured["args"]
+    direct = direct_call(system)
+
+    def per_call(call):
+        call()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            call()
+        return (time.perf_counter() - t0) / calls
+
+    times = {
+        "Function.__call__ (trust_input=True)": per_call(lambda: system(*args)),
+        "direct_call (the loop's)": per_call(lambda: direct(*args)),
+    }
+    for container, arg in zip(system.input_storage, args, strict=True):
+        container.storage[0] = arg  # (the outputs stay in place between calls: a lower bound)
+    times["fn.vm() alone"] = per_call(system.vm)
+    return times
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -198,6 +238,7 @@ def main(argv=None) -> int:
             _, fn, points = contenders["marginal, warm"]
             full_s = sorted(times["full"])[len(times["full"]) // 2]
             split = breakdown(op, fn, points, 100 if args.quick else 1000), full_s
+            overhead = call_overhead(op, fn, points, 200 if args.quick else 2000)
     if split is not None:
         (inner, loop, total), full_s = split
         outer = total - inner - loop
@@ -211,6 +252,11 @@ def main(argv=None) -> int:
             ("total (timer included)", total),
         ]:
             print(f"| {part} | {t * 1e6:.1f} | {t / full_s:.2f} |")
+        print("\nC backend, one call of the loop's inner system function (issue 14 item 4):\n")
+        print("| called through | µs | / full |")
+        print("|---|---|---|")
+        for way, t in overhead.items():
+            print(f"| {way} | {t * 1e6:.1f} | {t / full_s:.2f} |")
     return 0
 
 

@@ -9,6 +9,7 @@ rule.
 
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
@@ -151,7 +152,7 @@ class NewtonOp(SolverOp):
 
             def system(z):
                 m, F, A = system_fn(z, *params)
-                return np.reshape(m, -1), F, A
+                return (m.reshape(-1) if isinstance(m, np.ndarray) else np.reshape(m, -1)), F, A
 
             def merit(z):
                 return np.reshape(merit_fn(z, *params)[0], -1)
@@ -166,7 +167,7 @@ class NewtonOp(SolverOp):
             def merit(z):
                 return np.reshape(merit_fn(*unpack(z), *params)[0], -1)
 
-        shape = self.diagnostics_shape(x0s)
+        shape = self.diagnostics_shape(x0s) if self.batch_ndim else ()
         rows = None
         if shape:
             rows = problem_rows([np.size(x0) for x0 in x0s], shape)
@@ -183,7 +184,8 @@ class NewtonOp(SolverOp):
                 rows=rows,
             )
 
-        start = self.warm_start_point(z0, params) if self.warm_start else None
+        theta = _theta(params) if self.warm_start else None
+        start = self.warm_start_point(z0, params, theta) if self.warm_start else None
         if start is None:
             z, success, n_iterations, n_evaluations = run(z0)
         else:
@@ -199,10 +201,10 @@ class NewtonOp(SolverOp):
             n_evaluations = n_evaluations + more_evaluations
         if self.warm_start and success.all():
             history = self._warm_starts().setdefault(threading.get_ident(), [])
-            history.append((_theta(params), np.array(z, dtype="float64", copy=True)))
+            history.append((theta, np.array(z, dtype="float64", copy=True)))
             del history[:-2]
         success, n_iterations, n_evaluations = (
-            np.reshape(v, shape) for v in (success, n_iterations, n_evaluations)
+            np.asarray(v).reshape(shape) for v in (success, n_iterations, n_evaluations)
         )
         return ([z] if unpack is None else unpack(z)), success, n_iterations, n_evaluations
 
@@ -216,7 +218,7 @@ class NewtonOp(SolverOp):
             hit = cache[id(fn)] = (fn, direct_call(fn))
         return hit[1]
 
-    def warm_start_point(self, z0: np.ndarray, params=()) -> np.ndarray | None:
+    def warm_start_point(self, z0: np.ndarray, params=(), theta=None) -> np.ndarray | None:
         """Where a warm solve starts: the last successful solution of this Op in this thread,
         if it has z0's shape and is finite; None (start at z0) otherwise. With two stored
         solutions (and `predictor` on), it is moved along their secant by the projection of the
@@ -227,7 +229,8 @@ class NewtonOp(SolverOp):
         buffers) and only after a successful solve, so the start is always a converged mode of
         some earlier parameters (or its extrapolation). The solve from there meets the same
         stopping rule as a cold one and ends with `canonical_step`, and a failed warm solve is
-        repeated from z0, so the result does not depend on the start.
+        repeated from z0, so the result does not depend on the start. `theta` is
+        ``_theta(params)`` when the caller has it.
         """
         history = self._warm_starts().get(threading.get_ident())
         if not history:
@@ -237,7 +240,7 @@ class NewtonOp(SolverOp):
             return None
         if len(history) == 2 and self.predictor:
             theta_0, previous = history[0]
-            theta = _theta(params)
+            theta = _theta(params) if theta is None else theta
             if theta.shape == theta_1.shape == theta_0.shape:
                 step = theta_1 - theta_0
                 length = float(step @ step)
@@ -283,6 +286,17 @@ def canonical_step(system, z, success, *, structure, rows=None):
     success = np.reshape(success, -1)
     if not success.any():
         return z, np.zeros(success.shape, dtype=np.int64)
+    if rows is None and success.shape == (1,):
+        # one problem (a Laplace marginal's): the same arithmetic on a scalar grid step q
+        scale = max(1.0, float(np.abs(z).max(initial=0.0)))
+        if math.isfinite(scale):
+            q = math.ldexp(1.0, math.frexp(scale)[1] - CANONICAL_BITS)
+            r = np.round(z / q) * q
+            with np.errstate(all="ignore"):
+                _, F, A = system(r)
+                step = r - _iterations.solve(structure, A, F)
+                ok = bool(np.isfinite(step).all())
+            return (step if ok else z), np.ones(1, dtype=np.int64)
     if rows is None:
         rows = np.arange(z.size)[None, :]
     owner = np.empty(z.size, dtype=np.int64)
@@ -299,7 +313,14 @@ def canonical_step(system, z, success, *, structure, rows=None):
 
 def _theta(params) -> np.ndarray:
     """The continuous parameters as one float64 vector (the warm start's secant works on it)."""
-    floats = [np.ravel(p) for p in params if np.asarray(p).dtype.kind == "f"]
+    floats = []
+    for p in params:
+        dtype = getattr(p, "dtype", None)  # (numpy arrays and scalars have one)
+        if dtype is None:
+            p = np.asarray(p)
+            dtype = p.dtype
+        if dtype.kind == "f":
+            floats.append(np.ravel(p))
     return np.concatenate(floats) if floats else np.zeros(0)
 
 

@@ -180,6 +180,24 @@ def test_failed_solves_fail_the_same_way():
     assert np.isnan(got["newton-invalid-parameter"][0]).all()
 
 
+def test_failure_counting_is_native():
+    """`CountFailures` (what `on_failure` puts after a solve's success) compiles in nopython
+    mode: no object-mode warning, success passed through, one count per failed evaluation and
+    none for a successful one, as `perform` counts."""
+    from pymc_optim.model.failure import FAILED_EVALUATIONS, count_failures
+
+    x = pt.vector("x")
+    label = "test_failure_counting_is_native"
+    success = count_failures(pt.all(x > 0), label)
+    before = FAILED_EVALUATIONS[label]
+    results, object_mode = run(
+        [x], [[np.ones(2)], [-np.ones(2)], [-np.ones(2)]], [success], "NUMBA"
+    )
+    assert not object_mode
+    assert [bool(r[0]) for r in results] == [True, False, False]
+    assert FAILED_EVALUATIONS[label] - before == 2
+
+
 @pytest.mark.slow
 def test_nutpie_samples_a_graph_native_minimize_natively():
     pytest.importorskip("nutpie")
