@@ -627,7 +627,9 @@ def _integrate_grid(target, mode, lp_mode, scale, draws, rng):
     interpolator = RegularGridInterpolator(axes, table, method="cubic")
     refine = _GRID_REFINE[m]
     fine_step = step / refine
-    fine_axes = [np.arange(a[0], a[-1] + fine_step / 2, fine_step) for a in axes]
+    # (linspace, not arange: arange's rounding can step past the last node, which the
+    # interpolator refuses; this happened at G = 3,000 in bench_inla)
+    fine_axes = [np.linspace(a[0], a[-1], (len(a) - 1) * refine + 1) for a in axes]
     fine_z = np.stack([g.ravel() for g in np.meshgrid(*fine_axes, indexing="ij")], axis=-1)
     fine_log = interpolator(fine_z)
     # a cell's mass is its centre's density; the half cells at the box's faces count half

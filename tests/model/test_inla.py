@@ -194,6 +194,30 @@ def test_ccd_on_a_skewed_posterior_is_only_second_order():
     assert abs(ccd["mu"]["sd"]) > 5 * abs(grid["mu"]["sd"])
 
 
+def test_grid_on_a_standard_gaussian_whose_fine_lattice_ends_on_the_box():
+    """The grid's box on a bivariate standard Gaussian ends at z = ±4, where numpy's arange
+    stepped past the last node (4 + 5e-15) and the cubic interpolator refused the fine lattice
+    (seen at G = 3,000 in bench_inla). The fine lattice now ends on the box; the rule's moments
+    are those of the standard Gaussian, to the lattice's smoothing (sd 0.06, so the variance
+    1 + 0.06² within 1%) and the tail beyond ±4 (mass 6e-5)."""
+
+    class StandardGaussian:
+        progress = None
+
+        def log_density(self, points):
+            return -0.5 * (np.atleast_2d(points) ** 2).sum(axis=1)
+
+    result = inla_module._integrate_grid(
+        StandardGaussian(), np.zeros(2), 0.0, np.eye(2), 100, np.random.default_rng(0)
+    )
+    assert_allclose(np.abs(result.points).max(axis=0), 4.0)
+    assert_allclose(np.abs(result.support).max(axis=0), 4.0)
+    mean, sd = inla_module._moments([result.support], result.support_weights)
+    assert_allclose(mean, 0.0, atol=1e-10)
+    assert_allclose(sd, 1.0, rtol=0.01)
+    assert np.all(np.abs(result.draws) <= 4.0)
+
+
 def test_ccd_design_and_weights():
     """Points on the sphere of radius f₀√m, a resolution-V fraction, and weights that integrate
     a standard Gaussian and its second moment exactly (to rounding)."""
