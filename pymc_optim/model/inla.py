@@ -188,13 +188,14 @@ def fit_inla(
     the grid (≤ 2 hyperparameters) or importance sampling, whose k̂ says when it fails.
 
     *Cost.* One compiled function of θ serves the whole fit: it returns the marginal, its
-    gradient and the inner mode, H and success, and each inner Newton solve starts at the last
-    successful mode. The marginal is evaluated point by point with it (a loop): vectorizing the
-    marginal's graph over a batch of θ points compiles a much larger function (tens of seconds
-    for a 300-element latent, more than 15 minutes for a dense one of 25) than the loop saves
-    at these point counts. The latent draws reuse it too, visiting the θ draws along their
-    main axis so that each solve starts near its mode, and compile only the map from a latent
-    draw to the latent variables.
+    gradient (a lazy branch: mode search and Hessian only), the inner mode, H and success, and
+    a latent draw from a given standard noise (a lazy branch: latent draws only), and each
+    inner Newton solve starts at the last successful mode. The marginal is evaluated point by
+    point with it (a loop): vectorizing the marginal's graph over a batch of θ points compiles
+    a much larger function (tens of seconds for a 300-element latent, more than 15 minutes for
+    a dense one of 25) than the loop saves at these point counts. The latent draws visit the θ
+    draws along their main axis so that each solve starts near its mode; a separate draw
+    function compiled the mean correction's reverse pass through H(x) a second time.
 
     Examples
     --------
