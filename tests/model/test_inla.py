@@ -571,3 +571,20 @@ def test_the_targets_success_flag_on_seeds():
     logp, _, _, _, success = target.evaluate(target.start, with_gradient=False)
     assert np.isfinite(logp)
     assert bool(success)
+
+
+def test_the_constrained_map_runs_numpy_perform_and_the_models_transforms():
+    """The batched map to constrained values is compiled without C (PyTensor's Python linker:
+    it is called a few times on large batches, and compiling it to C cost ~10 s of gcc with a
+    cold cache); its values are the model's own transforms (sigma = exp(sigma_log__))."""
+    from pytensor.link.basic import PerformLinker
+
+    marginal = pmo.marginalize_laplace(
+        inla_module._without_latent_deterministics(gaussian_model(), "x"), "x"
+    )
+    target = inla_module._Target.from_model(marginal)
+    assert isinstance(target.to_constrained.maker.linker, PerformLinker)
+    points = np.array([[0.3, -0.5], [1.2, 0.4]])
+    values = dict(zip(target.constrained_names, target.constrained(points), strict=True))
+    assert_allclose(values["mu"], points[:, 0], rtol=1e-15)
+    assert_allclose(values["sigma"], np.exp(points[:, 1]), rtol=1e-15)
