@@ -10,6 +10,7 @@ import numpy as np
 import pymc as pm
 import pytensor
 import pytensor.tensor as pt
+from pytensor.compile.mode import Mode
 from pytensor.gradient import grad
 from pytensor.graph.replace import graph_replace, vectorize_graph
 from pytensor.graph.traversal import ancestors
@@ -23,6 +24,7 @@ from pymc_optim.model.laplace import (
     _initial_mode,
     _main_axis_order,
     _recover,
+    _recovery_draw,
     _store_recovered,
     _warm_started,
     marginalize_laplace,
@@ -78,6 +80,9 @@ _MODE_GTOL = 1e-5
 _MODE_MAXITER = 500
 #: Points per marginal density curve in ``idata.inla``.
 _DENSITY_POINTS = 201
+#: Mode of the small vectorized map to constrained values: Python linker (each Op's numpy
+#: perform), PyTensor's fast_compile rewrites.
+_ONE_SHOT_MODE = Mode(linker="py", optimizer="fast_compile")
 
 
 def fit_inla(
@@ -187,13 +192,14 @@ def fit_inla(
     the grid (≤ 2 hyperparameters) or importance sampling, whose k̂ says when it fails.
 
     *Cost.* One compiled function of θ serves the whole fit: it returns the marginal, its
-    gradient and the inner mode, H and success, and each inner Newton solve starts at the last
-    successful mode. The marginal is evaluated point by point with it (a loop): vectorizing the
-    marginal's graph over a batch of θ points compiles a much larger function (tens of seconds
-    for a 300-element latent, more than 15 minutes for a dense one of 25) than the loop saves
-    at these point counts. The latent draws reuse it too, visiting the θ draws along their
-    main axis so that each solve starts near its mode, and compile only the map from a latent
-    draw to the latent variables.
+    gradient (a lazy branch: mode search and Hessian only), the inner mode, H and success, and
+    a latent draw from a given standard noise (a lazy branch: latent draws only), and each
+    inner Newton solve starts at the last successful mode. The marginal is evaluated point by
+    point with it (a loop): vectorizing the marginal's graph over a batch of θ points compiles
+    a much larger function (tens of seconds for a 300-element latent, more than 15 minutes for
+    a dense one of 25) than the loop saves at these point counts. The latent draws visit the θ
+    draws along their main axis so that each solve starts near its mode; a separate draw
+    function compiled the mean correction's reverse pass through H(x) a second time.
 
     Examples
     --------
@@ -220,7 +226,7 @@ def fit_inla(
         hessian_structure=hessian_structure,
         **marginal_kwargs,
     )
-    target = _Target.from_model(marginal_model)
+    target = _Target.from_model(marginal_model, mean_correction)
     m = target.size
     used = integration
     if integration == "auto":
@@ -380,7 +386,7 @@ class _Target:
         return self.start.size
 
     @classmethod
-    def from_model(cls, marginal_model: pm.Model) -> _Target:
+    def from_model(cls, marginal_model: pm.Model, mean_correction: bool = True) -> _Target:
         if not marginal_model.free_RVs:
             raise ValueError(
                 "`latent` leaves no free hyperparameter: every free variable of the model is "
@@ -403,25 +409,36 @@ class _Target:
         pieces = _split(theta, shapes, [v.dtype for v in values])
         replace = dict(zip(values, pieces, strict=True))
         logp = graph_replace(marginal_model.logp(jacobian=True), replace, strict=False)
-        # One compiled function serves the whole fit: log p(θ, y), its gradient, and the inner
-        # mode, H and success that the latent draws need (already part of the marginal's graph,
-        # so they cost no extra compilation), with the inner solve started at `start`.
+        # One compiled function serves the whole fit: log p(θ, y), its gradient, the inner
+        # mode, H and success (already part of the marginal's graph), and one latent draw of
+        # N(x*(θ) + δ, H⁻¹) from a standard `noise`, with the inner solve started at `start`.
+        # (A separate function for the draws compiled the mean correction's reverse pass through
+        # H(x) again, 1.4–2.3 s of the 11–15 s fit at G = 300; here it shares its subgraphs
+        # with the marginal's gradient.)
         (marker,) = [
             v.owner
             for v in ancestors([logp])
             if v.owner is not None and isinstance(v.owner.op, LaplaceMarginal)
         ]
         start_var = marker.inputs[1].type("start")
-        logp, mode, hessian, success = _warm_started(
-            [logp, *marker.inputs[1:4]], marker.inputs[1], start_var
+        noise = marker.inputs[1].type("noise")
+        _, solution, solution_hessian, _, *params = marker.inputs
+        recovered = _recovery_draw(
+            marker, solution, solution_hessian, noise, params, mean_correction
+        )
+        logp, mode, hessian, success, *recovered = _warm_started(
+            [logp, *marker.inputs[1:4], *recovered], solution, start_var
         )
         # The gradient (the implicit pullback, several times the cost of the solve itself) only
-        # where the mode search and the Hessian need it: a lazy branch, skipped on the grid, the
-        # design points and the latent draws.
+        # where the mode search and the Hessian need it, the draw only for the latent draws:
+        # lazy branches, skipped on the grid and the design points.
         with_gradient = pt.scalar("with_gradient", dtype="bool")
         gradient = ifelse(with_gradient, grad(logp, theta), pt.zeros_like(theta))
+        with_draw = pt.scalar("with_draw", dtype="bool")
+        recovered = ifelse(with_draw, recovered, [pt.zeros_like(r) for r in recovered])
         fn = pytensor.function(
-            [theta, start_var, with_gradient], [logp, gradient, mode, hessian, success]
+            [theta, start_var, with_gradient, with_draw, noise],
+            [logp, gradient, mode, hessian, success, *recovered],
         )
 
         # constrained values of the hyperparameters and of the deterministics of θ, batched
@@ -432,7 +449,11 @@ class _Target:
         outputs = graph_replace(outputs, replace, strict=False)
         thetas = pt.matrix("thetas", dtype="float64", shape=(None, start.size))
         batched = vectorize_graph(outputs, {theta: thetas})
-        to_constrained = pytensor.function([thetas], batched, on_unused_input="ignore")
+        # a handful of calls on large batches: numpy's perform, no C module (with a cold
+        # compile cache, compiling it to C took ~10 s of gcc at G = 300)
+        to_constrained = pytensor.function(
+            [thetas], batched, on_unused_input="ignore", mode=_ONE_SHOT_MODE
+        )
         names = [v.name for v in marginal_model.unobserved_value_vars if v.name in wanted]
         constrained = to_constrained(start[None])
         constrained_shapes = [np.shape(c)[1:] for c in constrained]
@@ -454,15 +475,27 @@ class _Target:
         """log p(θ, y), its gradient (zeros unless `with_gradient`), the inner mode, H and
         success at `x`; the inner solve starts at the last successful mode (a few Newton steps
         instead of ~10)."""
+        return self._call(x, with_gradient, None)[:5]
+
+    def draw(self, x, noise):
+        """The latent variables (and their Deterministics) drawn at `x` from the standard
+        `noise`, the inner mode and success."""
+        _, _, mode, _, success, *outputs = self._call(x, False, noise)
+        return outputs, mode, success
+
+    def _call(self, x, with_gradient, noise):
         self.n_evaluations += 1
-        logp, gradient, mode, hessian, success = self.fn(
-            np.asarray(x, dtype="float64"), self.x0, with_gradient
+        with_draw = noise is not None
+        outputs = self.fn(
+            np.asarray(x, dtype="float64"),
+            self.x0,
+            with_gradient,
+            with_draw,
+            self.cold_start if noise is None else noise,
         )
-        if np.all(success):
-            self.x0 = mode
-        else:
-            self.x0 = self.cold_start
-        return float(logp), np.asarray(gradient), mode, hessian, success
+        logp, gradient, mode, _, success = outputs[:5]
+        self.x0 = mode if np.all(success) else self.cold_start
+        return float(logp), np.asarray(gradient), *outputs[2:]
 
     def value_and_grad(self, x):
         logp, gradient, *_ = self.evaluate(x)
@@ -603,7 +636,9 @@ def _integrate_grid(target, mode, lp_mode, scale, draws, rng):
     interpolator = RegularGridInterpolator(axes, table, method="cubic")
     refine = _GRID_REFINE[m]
     fine_step = step / refine
-    fine_axes = [np.arange(a[0], a[-1] + fine_step / 2, fine_step) for a in axes]
+    # (linspace, not arange: arange's rounding can step past the last node, which the
+    # interpolator refuses; this happened at G = 3,000 in bench_inla)
+    fine_axes = [np.linspace(a[0], a[-1], (len(a) - 1) * refine + 1) for a in axes]
     fine_z = np.stack([g.ravel() for g in np.meshgrid(*fine_axes, indexing="ij")], axis=-1)
     fine_log = interpolator(fine_z)
     # a cell's mass is its centre's density; the half cells at the box's faces count half
@@ -813,14 +848,11 @@ def _posterior(model, marginal_model, target, theta_draws, rng, progressbar, mea
         for rv in marginal_model.free_RVs
     ]
 
-    def solve(draw, point, start):
+    def solve(draw, point, start, noise):
         target.x0 = start
-        _, _, mode, hessian, success = target.evaluate(theta_draws[draw], with_gradient=False)
-        return mode, hessian, success
+        return target.draw(theta_draws[draw], noise)
 
-    per_chain = _recover(
-        marginal_model, solve, hyper, rng, progressbar, order=order, mean_correction=mean_correction
-    )
+    per_chain = _recover(marginal_model, solve, hyper, rng, progressbar, order=order, draw_fn=False)
     _store_recovered(marginal_model, idata.posterior, per_chain)
     if model.deterministics:
         idata.posterior = pm.compute_deterministics(

@@ -517,21 +517,29 @@ def _recovery_draw_function(marginal_model: pm.Model, mean_correction: bool = Tr
     :func:`_mean_correction`), mapped through the recovery graph. It holds no solver, so it
     compiles in a fraction of the marginal's time."""
     node = _laplace_node(marginal_model)
-    op = node.op
     _, mode, hessian, _, *params = node.inputs
     mode_in, hessian_in, noise = mode.type("mode"), hessian.type("hessian"), mode.type("noise")
-    mean = mode_in
-    if mean_correction:
-        mean = mode_in + _mean_correction(op.structure, mode, hessian, mode_in, hessian_in)
-    draw = op.structure.sample_gaussian(mean, hessian_in, noise)
-    replace = dict(zip(op.recovery_inputs, [draw, *params], strict=True))
-    recovered = _replace(op.recovery_outputs, replace)
+    recovered = _recovery_draw(node, mode_in, hessian_in, noise, params, mean_correction)
     rvs = list(marginal_model.free_RVs)
     values = [rv.type(name=rv.name) for rv in rvs]
     recovered = graph_replace(recovered, dict(zip(rvs, values, strict=True)), strict=False)
     return pytensor.function(
         [*values, mode_in, hessian_in, noise], recovered, on_unused_input="ignore"
     )
+
+
+def _recovery_draw(node, mode_in, hessian_in, noise, params, mean_correction):
+    """Graph of one latent draw of N(x* + δ, H⁻¹) at the mode `mode_in` and Hessian
+    `hessian_in` of the Laplace `node` (δ as in :func:`_mean_correction`), mapped through the
+    recovery graph with the parameters `params`: the latent variables and their Deterministics."""
+    op = node.op
+    _, mode, hessian, *_ = node.inputs
+    mean = mode_in
+    if mean_correction:
+        mean = mode_in + _mean_correction(op.structure, mode, hessian, mode_in, hessian_in)
+    draw = op.structure.sample_gaussian(mean, hessian_in, noise)
+    replace = dict(zip(op.recovery_inputs, [draw, *params], strict=True))
+    return _replace(op.recovery_outputs, replace)
 
 
 def _nearest_neighbour_order(points: np.ndarray) -> list[int]:
@@ -605,10 +613,12 @@ def _recover(
     draw in `order` (the draw indices within a chain, the same for every chain or one list per
     chain; by default in sequence); a failed solve restarts the next from the model's initial
     point. Returns per chain the list of outputs (the latent variables and Deterministics, then
-    success), each stacked over draws."""
+    success), each stacked over draws. With `draw_fn=False`, `solve(draw, point, start, noise)`
+    makes the draw itself and returns (outputs, mode, success)."""
     node = _laplace_node(marginal_model)
     x0 = np.asarray(_initial_mode(node))
-    draw_fn = draw_fn or _recovery_draw_function(marginal_model, mean_correction)
+    if draw_fn is None:
+        draw_fn = _recovery_draw_function(marginal_model, mean_correction)
     n_chains, n_draws = draws[0].shape[:2]
     chains = range(n_chains)
     if progressbar:
@@ -623,9 +633,13 @@ def _recover(
         visits = order if order is None or np.ndim(order[0]) == 0 else order[c]
         for i in range(n_draws) if visits is None else visits:
             point = [d[c, i] for d in draws]
-            mode, hessian, success = solve(i, point, start)
+            if draw_fn is False:
+                outputs, mode, success = solve(i, point, start, eps[i])
+            else:
+                mode, hessian, success = solve(i, point, start)
+                outputs = draw_fn(*point, mode, hessian, eps[i])
             success = bool(np.all(success))
-            results[i] = [*draw_fn(*point, mode, hessian, eps[i]), success]
+            results[i] = [*outputs, success]
             start = mode if success else x0
         per_chain.append([np.stack([r[k] for r in results]) for k in range(len(results[0]))])
     return per_chain

@@ -194,6 +194,30 @@ def test_ccd_on_a_skewed_posterior_is_only_second_order():
     assert abs(ccd["mu"]["sd"]) > 5 * abs(grid["mu"]["sd"])
 
 
+def test_grid_on_a_standard_gaussian_whose_fine_lattice_ends_on_the_box():
+    """The grid's box on a bivariate standard Gaussian ends at z = ±4, where numpy's arange
+    stepped past the last node (4 + 5e-15) and the cubic interpolator refused the fine lattice
+    (seen at G = 3,000 in bench_inla). The fine lattice now ends on the box; the rule's moments
+    are those of the standard Gaussian, to the lattice's smoothing (sd 0.06, so the variance
+    1 + 0.06² within 1%) and the tail beyond ±4 (mass 6e-5)."""
+
+    class StandardGaussian:
+        progress = None
+
+        def log_density(self, points):
+            return -0.5 * (np.atleast_2d(points) ** 2).sum(axis=1)
+
+    result = inla_module._integrate_grid(
+        StandardGaussian(), np.zeros(2), 0.0, np.eye(2), 100, np.random.default_rng(0)
+    )
+    assert_allclose(np.abs(result.points).max(axis=0), 4.0)
+    assert_allclose(np.abs(result.support).max(axis=0), 4.0)
+    mean, sd = inla_module._moments([result.support], result.support_weights)
+    assert_allclose(mean, 0.0, atol=1e-10)
+    assert_allclose(sd, 1.0, rtol=0.01)
+    assert np.all(np.abs(result.draws) <= 4.0)
+
+
 def test_ccd_design_and_weights():
     """Points on the sphere of radius f₀√m, a resolution-V fraction, and weights that integrate
     a standard Gaussian and its second moment exactly (to rounding)."""
@@ -547,3 +571,20 @@ def test_the_targets_success_flag_on_seeds():
     logp, _, _, _, success = target.evaluate(target.start, with_gradient=False)
     assert np.isfinite(logp)
     assert bool(success)
+
+
+def test_the_constrained_map_runs_numpy_perform_and_the_models_transforms():
+    """The batched map to constrained values is compiled without C (PyTensor's Python linker:
+    it is called a few times on large batches, and compiling it to C cost ~10 s of gcc with a
+    cold cache); its values are the model's own transforms (sigma = exp(sigma_log__))."""
+    from pytensor.link.basic import PerformLinker
+
+    marginal = pmo.marginalize_laplace(
+        inla_module._without_latent_deterministics(gaussian_model(), "x"), "x"
+    )
+    target = inla_module._Target.from_model(marginal)
+    assert isinstance(target.to_constrained.maker.linker, PerformLinker)
+    points = np.array([[0.3, -0.5], [1.2, 0.4]])
+    values = dict(zip(target.constrained_names, target.constrained(points), strict=True))
+    assert_allclose(values["mu"], points[:, 0], rtol=1e-15)
+    assert_allclose(values["sigma"], np.exp(points[:, 1]), rtol=1e-15)
