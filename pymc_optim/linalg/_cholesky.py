@@ -17,7 +17,11 @@ reads, for i ≥ j,  L_jj Z_ji + Σ_{k > j} L_kj Z_ki = δ_ij / L_jj,  so, colum
 with S_j the rows of L's column j below the diagonal. Every Z_ik needed (i, k ∈ S_j) lies on L's
 pattern (S_j is a clique of the filled graph), so Z is computed on L's pattern only, never dense.
 Column j reads, for each k ∈ S_j, the part of column k below k; its cost is Σ_j Σ_{k ∈ S_j}
-|L[:, k]|, the same order as the factorization's (benchmarks/bench_sparse.py measures the ratio).
+|L[:, k]|, the same order as the factorization's. `selected_inverse` runs the same recurrences
+on L's supernodes (blocks of columns sharing their rows), as dense matrix products per block
+(`_selinv_supernodal`); the column version stays as the tested reference
+(`selected_inverse_simplicial`). benchmarks/bench_sparse.py measures both against the
+factorization.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ __all__ = [
     "logdet",
     "sample",
     "selected_inverse",
+    "selected_inverse_simplicial",
     "solve",
 ]
 
@@ -260,7 +265,18 @@ def forward_permuted(symbolic: Symbolic, lx: np.ndarray, u: np.ndarray) -> np.nd
 
 
 def selected_inverse(symbolic: Symbolic, lx: np.ndarray) -> np.ndarray:
-    """(A⁻¹)_ij at every user entry (i, j) of the pattern (Takahashi recurrences on L)."""
+    """(A⁻¹)_ij at every user entry (i, j) of the pattern: the Takahashi recurrences on L's
+    supernodes, dense products on each block (see `_selinv_supernodal`)."""
+    s = symbolic
+    x = np.zeros(int(s.sn_xptr[-1]))
+    x[s.l_to_x] = lx
+    z = _selinv_supernodal(s.sn_start, s.sn_xptr, s.col_to_sn, s.l_indptr, s.l_indices, x, GEMM_MIN)
+    return z[s.x_map]
+
+
+def selected_inverse_simplicial(symbolic: Symbolic, lx: np.ndarray) -> np.ndarray:
+    """`selected_inverse` by the column recurrences (the reference the supernodal kernel is
+    tested against)."""
     s = symbolic
     z = _takahashi(s.n, s.l_indptr, s.l_indices, lx, s.max_column)
     return z[s.l_map]
@@ -516,6 +532,131 @@ def _takahashi(n, l_indptr, l_indices, lx, max_column):
             z[p0 + 1 + a] = value
             total += lx[p0 + 1 + a] * value
         z[p0] = (1.0 / diag - total) / diag
+    return z
+
+
+@_jit
+def _selinv_supernodal(sn_start, sn_xptr, col_to_sn, l_indptr, l_indices, x, gemm_min):
+    """Z = (L Lᵀ)⁻¹ on the supernodal blocks of L (`x`, row-major (height, width) blocks), from
+    the last supernode to the first.
+
+    For supernode J (columns J, rows R below its diagonal block), block row J of Lᵀ Z = L⁻¹
+    reads L_JJᵀ Z_J· + L_RJᵀ Z_R· = (L⁻¹)_J·. Its columns in R (where L⁻¹ is zero) and in J
+    give, with Y = L_RJ L_JJ⁻¹,
+
+        Z_RJ = −Z_RR Y,        Z_JJ = (L_JJ L_JJᵀ)⁻¹ − Yᵀ Z_RJ.
+
+    R is a clique of the filled graph, so Z_RR lies on L's pattern, in the blocks of later
+    supernodes (already computed): it is gathered into a dense |R| × |R| matrix, the row
+    positions found by one merge through each later supernode's rows that R touches. Then the
+    three products are matrix products (BLAS) when they reach `gemm_min` multiply-adds, loops
+    below. Cost: per supernode |R|²|J| + |R||J|² + |J|³/3 multiply-adds, the same order as
+    the factorization's updates from it.
+    """
+    n_super = sn_start.size - 1
+    z = np.zeros(x.size)
+    max_height = 0
+    for s in range(n_super):
+        f = sn_start[s]
+        height = l_indptr[f + 1] - l_indptr[f]
+        if height > max_height:
+            max_height = height
+    gather_buffer = np.empty(max_height * max_height)
+    y_buffer = np.empty(max_height * max_height)
+    position = np.empty(max_height, dtype=np.int64)
+    for s in range(n_super - 1, -1, -1):
+        f = sn_start[s]
+        w = sn_start[s + 1] - f
+        r0 = l_indptr[f]
+        height = l_indptr[f + 1] - r0
+        m = height - w
+        block = x[sn_xptr[s] : sn_xptr[s] + height * w].reshape(height, w)
+        out = z[sn_xptr[s] : sn_xptr[s] + height * w].reshape(height, w)
+        # T = L_JJ⁻¹ (lower triangular), in the top of `out` for now
+        for c in range(w):
+            out[c, c] = 1.0 / block[c, c]
+            for r in range(c + 1, w):
+                total = 0.0
+                for k in range(c, r):
+                    total += block[r, k] * out[k, c]
+                out[r, c] = -total / block[r, r]
+        if m > 0:
+            # Y = L_RJ T
+            y = y_buffer[: m * w].reshape(m, w)
+            for i in range(m):
+                for c in range(w):
+                    total = 0.0
+                    for k in range(c, w):
+                        total += block[w + i, k] * out[k, c]
+                    y[i, c] = total
+            # gather Z_RR: the rows of R, supernode by supernode of R's columns
+            gather = gather_buffer[: m * m].reshape(m, m)
+            ib = 0
+            while ib < m:
+                b = l_indices[r0 + w + ib]
+                t = col_to_sn[b]
+                ft = sn_start[t]
+                wt = sn_start[t + 1] - ft
+                rt0 = l_indptr[ft]
+                ht = l_indptr[ft + 1] - rt0
+                q = wt
+                for ia in range(ib, m):
+                    a = l_indices[r0 + w + ia]
+                    if a < ft + wt:
+                        position[ia] = a - ft
+                    else:
+                        while l_indices[rt0 + q] != a:
+                            q += 1
+                        position[ia] = q
+                ie = ib
+                while ie < m and l_indices[r0 + w + ie] < ft + wt:
+                    ie += 1
+                zt = z[sn_xptr[t] : sn_xptr[t] + ht * wt].reshape(ht, wt)
+                for jb in range(ib, ie):
+                    cb = l_indices[r0 + w + jb] - ft
+                    for ia in range(jb, m):
+                        value = zt[position[ia], cb]
+                        gather[ia, jb] = value
+                        gather[jb, ia] = value
+                ib = ie
+            # Z_RJ = −Z_RR Y
+            if m * m * w >= gemm_min:
+                product = np.dot(gather, y)
+                for i in range(m):
+                    for c in range(w):
+                        out[w + i, c] = -product[i, c]
+            else:
+                for i in range(m):
+                    for c in range(w):
+                        total = 0.0
+                        for k in range(m):
+                            total += gather[i, k] * y[k, c]
+                        out[w + i, c] = -total
+        # Z_JJ = Tᵀ T − Yᵀ Z_RJ (lower triangle, then mirrored)
+        inner = np.zeros((w, w))
+        for c in range(w):
+            for r in range(c, w):
+                total = 0.0
+                for k in range(r, w):
+                    total += out[k, r] * out[k, c]
+                inner[r, c] = total
+        if m > 0:
+            if m * w * w >= gemm_min:
+                correction = np.dot(y.T, np.ascontiguousarray(out[w:, :]))
+                for c in range(w):
+                    for r in range(c, w):
+                        inner[r, c] -= correction[r, c]
+            else:
+                for c in range(w):
+                    for r in range(c, w):
+                        total = 0.0
+                        for i in range(m):
+                            total += y[i, r] * out[w + i, c]
+                        inner[r, c] -= total
+        for c in range(w):
+            for r in range(c, w):
+                out[r, c] = inner[r, c]
+                out[c, r] = inner[r, c]
     return z
 
 
