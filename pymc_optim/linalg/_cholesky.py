@@ -86,6 +86,8 @@ class Symbolic:
         "sn_xptr",
         "x_map",
         "l_to_x",
+        "sn_rowptr",
+        "sn_rows",
     )
 
     @property
@@ -126,21 +128,31 @@ def fill_reducing_order(rows: np.ndarray, cols: np.ndarray, n: int) -> np.ndarra
     return inverse
 
 
-def analyse(rows: np.ndarray, cols: np.ndarray, n: int) -> Symbolic:
-    """Symbolic analysis of the SPD pattern with lower-triangle entries (rows ≥ cols)."""
+def analyse(
+    rows: np.ndarray, cols: np.ndarray, n: int, *, postorder: bool = True, relax: bool = True
+) -> Symbolic:
+    """Symbolic analysis of the SPD pattern with lower-triangle entries (rows ≥ cols).
+
+    `postorder` renumbers the minimum-degree ordering in a postorder of its elimination tree
+    and `relax` merges small supernodes into their parents at the price of a few explicit
+    zeros (see `_relaxed_supernodes`); both only change the blocking, not the factor.
+    """
     require_backend()
     rows = np.asarray(rows, dtype=np.int64)
     cols = np.asarray(cols, dtype=np.int64)
     inverse = fill_reducing_order(rows, cols, n)
+    if postorder:
+        # Renumber in a postorder of the elimination tree (same fill, same tree): each
+        # supernode's columns become contiguous with its heaviest child's, so blocks merge.
+        c_indptr, c_indices, _, _ = _permuted_upper(rows, cols, n, inverse)
+        parent = _etree(n, c_indptr, c_indices)
+        weight = np.bincount(_row_patterns_of(n, c_indptr, c_indices, parent), minlength=n)
+        order = _postorder(n, parent, weight)
+        rank = np.empty(n, dtype=np.int64)
+        rank[order] = np.arange(n, dtype=np.int64)
+        inverse = rank[inverse]
     perm = np.argsort(inverse)
-    new_r, new_c = inverse[rows], inverse[cols]
-    # C = P A Pᵀ stored as its upper triangle by columns: entry (min, max) in column max.
-    upper_col = np.maximum(new_r, new_c)
-    upper_row = np.minimum(new_r, new_c)
-    keys, c_map = np.unique(upper_col * n + upper_row, return_inverse=True)
-    c_indices = keys % n
-    c_indptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(keys // n, minlength=n), out=c_indptr[1:])
+    c_indptr, c_indices, c_map, (upper_row, upper_col) = _permuted_upper(rows, cols, n, inverse)
 
     parent = _etree(n, c_indptr, c_indices)
     counts = _row_counts(n, c_indptr, c_indices, parent)
@@ -158,7 +170,7 @@ def analyse(rows: np.ndarray, cols: np.ndarray, n: int) -> Symbolic:
     symbolic.inverse_perm = inverse
     symbolic.c_indptr = c_indptr
     symbolic.c_indices = c_indices
-    symbolic.c_map = c_map.astype(np.int64).ravel()
+    symbolic.c_map = c_map
     symbolic.row_indptr = row_indptr
     symbolic.row_columns = row_columns
     symbolic.row_slots = row_slots
@@ -168,39 +180,111 @@ def analyse(rows: np.ndarray, cols: np.ndarray, n: int) -> Symbolic:
     l_keys = np.repeat(np.arange(n, dtype=np.int64), column_counts) * n + l_indices
     symbolic.l_map = np.searchsorted(l_keys, upper_row * n + upper_col)
     symbolic.max_column = int(column_counts.max())
-    _supernodes(symbolic, parent, column_counts, l_keys, upper_row * n + upper_col)
+    _supernodes(symbolic, parent, column_counts, l_keys, upper_row * n + upper_col, relax)
     return symbolic
 
 
-def _supernodes(symbolic: Symbolic, parent, column_counts, l_keys, user_keys) -> None:
-    """Fundamental supernodes of L: runs of columns j, j+1, … with parent(j) = j + 1 and
-    |L[:, j]| = |L[:, j+1]| + 1, i.e. struct L[:, j] = {j} ∪ struct L[:, j+1]. A supernode with
-    columns [f, l) and rows R = struct L[:, f] is one dense (|R|, l − f) block, row-major; the
-    numeric factorization works on these blocks (`_numeric_supernodal`) and the factor is
-    then copied into the column layout (`l_to_x`) the other kernels read."""
+def _permuted_upper(rows, cols, n, inverse):
+    """C = P A Pᵀ as its upper triangle by columns (entry (min, max) in column max): indptr,
+    row indices, the slot of each user entry, and the user entries' (min, max) indices."""
+    new_r, new_c = inverse[rows], inverse[cols]
+    upper_col = np.maximum(new_r, new_c)
+    upper_row = np.minimum(new_r, new_c)
+    keys, c_map = np.unique(upper_col * n + upper_row, return_inverse=True)
+    c_indices = keys % n
+    c_indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(keys // n, minlength=n), out=c_indptr[1:])
+    return c_indptr, c_indices, c_map.astype(np.int64).ravel(), (upper_row, upper_col)
+
+
+def _row_patterns_of(n, c_indptr, c_indices, parent):
+    counts = _row_counts(n, c_indptr, c_indices, parent)
+    row_indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=row_indptr[1:])
+    return _row_patterns(n, c_indptr, c_indices, parent, row_indptr)
+
+
+def _supernodes(symbolic: Symbolic, parent, column_counts, l_keys, user_keys, relax) -> None:
+    """Supernodes of L and their dense blocks.
+
+    Fundamental supernodes are runs of columns j, j+1, … with parent(j) = j + 1 and
+    |L[:, j]| = |L[:, j+1]| + 1, i.e. struct L[:, j] = {j} ∪ struct L[:, j+1]. With `relax`,
+    a supernode is then merged into its parent when they are adjacent (`_relaxed_supernodes`).
+    A supernode with columns [f, l) has rows R = [f, l) ∪ (struct L[:, l − 1] below l − 1)
+    (every column's structure lies in it) and is one dense (|R|, l − f) block, row-major,
+    explicit zeros included; the numeric factorization and the selected inverse work on these
+    blocks, and `l_to_x` maps L's entries (column layout, no explicit zeros) into them."""
     n = symbolic.n
+    l_indptr, l_indices = symbolic.l_indptr, symbolic.l_indices
     joins = np.zeros(n, dtype=bool)
     if n > 1:
         j = np.arange(n - 1)
         joins[1:] = (parent[j] == j + 1) & (column_counts[j] == column_counts[j + 1] + 1)
     sn_start = np.append(np.flatnonzero(~joins), n).astype(np.int64)
+    if relax and sn_start.size > 2:
+        sn_start = _relaxed_supernodes(sn_start, parent, column_counts)
     widths = np.diff(sn_start)
-    heights = column_counts[sn_start[:-1]]
+    last = sn_start[1:] - 1
+    below = column_counts[last] - 1  # rows under each supernode's diagonal block
+    heights = widths + below
+    sn_rowptr = np.zeros(widths.size + 1, dtype=np.int64)
+    np.cumsum(heights, out=sn_rowptr[1:])
     sn_xptr = np.zeros(widths.size + 1, dtype=np.int64)
     np.cumsum(widths * heights, out=sn_xptr[1:])
     col_to_sn = np.repeat(np.arange(widths.size, dtype=np.int64), widths)
-    # Entry p of column j (row l_indices[p]) is local row (j − f) + (p − l_indptr[j]) and local
-    # column j − f of its supernode's block.
-    l_indptr = symbolic.l_indptr
-    column = np.repeat(np.arange(n, dtype=np.int64), column_counts)
-    first = sn_start[col_to_sn[column]]
-    local_row = (column - first) + (np.arange(l_indptr[-1]) - l_indptr[column])
-    width = widths[col_to_sn[column]]
-    symbolic.l_to_x = sn_xptr[col_to_sn[column]] + local_row * width + (column - first)
+    sn_rows = _supernode_rows(sn_start, sn_rowptr, l_indptr, l_indices)
+    symbolic.l_to_x = _entry_slots(sn_start, sn_rowptr, sn_rows, sn_xptr, col_to_sn, l_indptr,
+                                   l_indices)  # fmt: skip
     symbolic.x_map = symbolic.l_to_x[np.searchsorted(l_keys, user_keys)]
     symbolic.sn_start = sn_start
     symbolic.col_to_sn = col_to_sn
     symbolic.sn_xptr = sn_xptr
+    symbolic.sn_rowptr = sn_rowptr
+    symbolic.sn_rows = sn_rows
+
+
+#: Relaxed amalgamation (CHOLMOD's defaults): a merged supernode of at most RELAX_COLUMNS[k]
+#: columns is accepted when at most RELAX_ZEROS[k] of its block's entries are explicit zeros
+#: (any share up to 4 columns; past 48 columns, 5 %).
+RELAX_COLUMNS = (4, 16, 48)
+RELAX_ZEROS = (0.8, 0.1, 0.05)
+
+
+def _relaxed_supernodes(sn_start, parent, column_counts):
+    """Merge each fundamental supernode into the one after it when that one is its parent
+    (in a postorder, its heaviest child comes just before it), while the merged block keeps
+    few explicit zeros (`RELAX_COLUMNS`, `RELAX_ZEROS`). Fewer, larger blocks: fewer
+    updates, longer inner loops and matrix products, for a few percent more entries."""
+    n_fund = sn_start.size - 1
+    first_cols = sn_start[:-1]
+    last_cols = sn_start[1:] - 1
+    widths = np.diff(sn_start)
+    col_to_fund = np.repeat(np.arange(n_fund, dtype=np.int64), widths)
+    fund_parent = np.full(n_fund, -1, dtype=np.int64)
+    has_parent = parent[last_cols] >= 0
+    fund_parent[has_parent] = col_to_fund[parent[last_cols[has_parent]]]
+    true_nnz = np.add.reduceat(column_counts, first_cols).astype(np.float64)
+    below = (column_counts[last_cols] - 1).astype(np.float64)
+    columns = widths.astype(np.float64)
+    keep = np.ones(n_fund + 1, dtype=bool)
+    for j in range(n_fund - 2, -1, -1):
+        if fund_parent[j] != j + 1:
+            continue
+        k = j + 1  # first fundamental supernode of the merged block that starts at j + 1
+        total_columns = columns[j] + columns[k]
+        padded = total_columns * (total_columns + 1) / 2 + total_columns * below[k]
+        zeros = (padded - true_nnz[j] - true_nnz[k]) / padded
+        if (
+            total_columns <= RELAX_COLUMNS[0]
+            or (total_columns <= RELAX_COLUMNS[1] and zeros < RELAX_ZEROS[0])
+            or (total_columns <= RELAX_COLUMNS[2] and zeros < RELAX_ZEROS[1])
+            or zeros < RELAX_ZEROS[2]
+        ):
+            keep[k] = False
+            columns[j] = total_columns
+            true_nnz[j] += true_nnz[k]
+            below[j] = below[k]
+    return sn_start[keep]
 
 
 def factorize(symbolic: Symbolic, values: np.ndarray) -> tuple[np.ndarray, int]:
@@ -210,7 +294,7 @@ def factorize(symbolic: Symbolic, values: np.ndarray) -> tuple[np.ndarray, int]:
     s = symbolic
     x = np.bincount(s.x_map, weights=values, minlength=int(s.sn_xptr[-1]))
     failed = _numeric_supernodal(
-        s.sn_start, s.sn_xptr, s.col_to_sn, s.l_indptr, s.l_indices, x, GEMM_MIN
+        s.sn_start, s.sn_xptr, s.col_to_sn, s.sn_rowptr, s.sn_rows, x, GEMM_MIN
     )
     return x[s.l_to_x], int(failed)
 
@@ -270,7 +354,7 @@ def selected_inverse(symbolic: Symbolic, lx: np.ndarray) -> np.ndarray:
     s = symbolic
     x = np.zeros(int(s.sn_xptr[-1]))
     x[s.l_to_x] = lx
-    z = _selinv_supernodal(s.sn_start, s.sn_xptr, s.col_to_sn, s.l_indptr, s.l_indices, x, GEMM_MIN)
+    z = _selinv_supernodal(s.sn_start, s.sn_xptr, s.col_to_sn, s.sn_rowptr, s.sn_rows, x, GEMM_MIN)
     return z[s.x_map]
 
 
@@ -280,6 +364,76 @@ def selected_inverse_simplicial(symbolic: Symbolic, lx: np.ndarray) -> np.ndarra
     s = symbolic
     z = _takahashi(s.n, s.l_indptr, s.l_indices, lx, s.max_column)
     return z[s.l_map]
+
+
+def _postorder(n, parent, weight):
+    """A postorder of the forest `parent`, each node's children visited by increasing
+    `weight` (so the heaviest comes last, just before its parent)."""
+    nodes = np.arange(n, dtype=np.int64)
+    order = np.lexsort((weight, parent))  # by parent, then weight; roots (parent -1) first
+    order = order[parent[order] >= 0]
+    child_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(parent[parent >= 0], minlength=n), out=child_ptr[1:])
+    roots = nodes[parent < 0]
+    roots = roots[np.argsort(weight[roots], kind="stable")]
+    return _postorder_kernel(n, child_ptr, order, roots)
+
+
+@_jit
+def _postorder_kernel(n, child_ptr, children, roots):
+    out = np.empty(n, dtype=np.int64)
+    stack = np.empty(n, dtype=np.int64)
+    next_child = child_ptr[:-1].copy()
+    k = 0
+    for root in roots:
+        top = 0
+        stack[0] = root
+        while top >= 0:
+            node = stack[top]
+            if next_child[node] < child_ptr[node + 1]:
+                top += 1
+                stack[top] = children[next_child[node]]
+                next_child[node] += 1
+            else:
+                out[k] = node
+                k += 1
+                top -= 1
+    return out
+
+
+@_jit
+def _supernode_rows(sn_start, sn_rowptr, l_indptr, l_indices):
+    """Rows of each supernode's block: its columns, then the rows of its last column below
+    the diagonal."""
+    rows = np.empty(sn_rowptr[-1], dtype=np.int64)
+    for s in range(sn_start.size - 1):
+        f, end = sn_start[s], sn_start[s + 1]
+        q = sn_rowptr[s]
+        for j in range(f, end):
+            rows[q] = j
+            q += 1
+        for p in range(l_indptr[end - 1] + 1, l_indptr[end]):
+            rows[q] = l_indices[p]
+            q += 1
+    return rows
+
+
+@_jit
+def _entry_slots(sn_start, sn_rowptr, sn_rows, sn_xptr, col_to_sn, l_indptr, l_indices):
+    """Slot in the supernodal blocks of each entry of L's column layout (rows sorted in both,
+    so one merge per column)."""
+    n = col_to_sn.size
+    slots = np.empty(l_indptr[n], dtype=np.int64)
+    for j in range(n):
+        s = col_to_sn[j]
+        f = sn_start[s]
+        w = sn_start[s + 1] - f
+        q = sn_rowptr[s] + (j - f)
+        for p in range(l_indptr[j], l_indptr[j + 1]):
+            while sn_rows[q] != l_indices[p]:
+                q += 1
+            slots[p] = sn_xptr[s] + (q - sn_rowptr[s]) * w + (j - f)
+    return slots
 
 
 # --- kernels ---------------------------------------------------------------------------------
@@ -392,7 +546,7 @@ GEMM_MIN = 4096
 
 
 @_jit
-def _numeric_supernodal(sn_start, sn_xptr, col_to_sn, l_indptr, l_indices, x, gemm_min):
+def _numeric_supernodal(sn_start, sn_xptr, col_to_sn, sn_rowptr, sn_rows, x, gemm_min):
     """Left-looking supernodal Cholesky, in place on the blocks `x` (assembled from A).
 
     Supernode s (columns [f, l), rows R_s, block B_s of shape (|R_s|, l − f)) receives, from
@@ -412,41 +566,41 @@ def _numeric_supernodal(sn_start, sn_xptr, col_to_sn, l_indptr, l_indices, x, ge
     for s in range(n_super):
         f = sn_start[s]
         w = sn_start[s + 1] - f
-        r0 = l_indptr[f]
-        height = l_indptr[f + 1] - r0
+        r0 = sn_rowptr[s]
+        height = sn_rowptr[s + 1] - r0
         block = x[sn_xptr[s] : sn_xptr[s] + height * w].reshape(height, w)
         for r in range(height):
-            local[l_indices[r0 + r]] = r
+            local[sn_rows[r0 + r]] = r
         d = head[s]
         while d != -1:
             next_d = following[d]
             fd = sn_start[d]
             wd = sn_start[d + 1] - fd
-            rd0 = l_indptr[fd]
-            height_d = l_indptr[fd + 1] - rd0
+            rd0 = sn_rowptr[d]
+            height_d = sn_rowptr[d + 1] - rd0
             source = x[sn_xptr[d] : sn_xptr[d] + height_d * wd].reshape(height_d, wd)
             p1 = position[d]
             p2 = p1
-            while p2 < height_d and l_indices[rd0 + p2] < f + w:
+            while p2 < height_d and sn_rows[rd0 + p2] < f + w:
                 p2 += 1
             m1 = height_d - p1
             m2 = p2 - p1
             if wd * m1 * m2 >= gemm_min:
                 update = np.dot(source[p1:, :], source[p1:p2, :].T)
                 for b in range(m2):
-                    col = l_indices[rd0 + p1 + b] - f
+                    col = sn_rows[rd0 + p1 + b] - f
                     for a in range(b, m1):
-                        block[local[l_indices[rd0 + p1 + a]], col] -= update[a, b]
+                        block[local[sn_rows[rd0 + p1 + a]], col] -= update[a, b]
             else:
                 for b in range(m2):
-                    col = l_indices[rd0 + p1 + b] - f
+                    col = sn_rows[rd0 + p1 + b] - f
                     for a in range(b, m1):
                         total = 0.0
                         for k in range(wd):
                             total += source[p1 + a, k] * source[p1 + b, k]
-                        block[local[l_indices[rd0 + p1 + a]], col] -= total
+                        block[local[sn_rows[rd0 + p1 + a]], col] -= total
             if p2 < height_d:
-                t = col_to_sn[l_indices[rd0 + p2]]
+                t = col_to_sn[sn_rows[rd0 + p2]]
                 position[d] = p2
                 following[d] = head[t]
                 head[t] = d
@@ -466,7 +620,7 @@ def _numeric_supernodal(sn_start, sn_xptr, col_to_sn, l_indptr, l_indices, x, ge
                     total -= block[i, k] * block[j, k]
                 block[i, j] = total / diagonal
         if height > w:
-            t = col_to_sn[l_indices[r0 + w]]
+            t = col_to_sn[sn_rows[r0 + w]]
             position[s] = w
             following[s] = head[t]
             head[t] = s
@@ -536,7 +690,7 @@ def _takahashi(n, l_indptr, l_indices, lx, max_column):
 
 
 @_jit
-def _selinv_supernodal(sn_start, sn_xptr, col_to_sn, l_indptr, l_indices, x, gemm_min):
+def _selinv_supernodal(sn_start, sn_xptr, col_to_sn, sn_rowptr, sn_rows, x, gemm_min):
     """Z = (L Lᵀ)⁻¹ on the supernodal blocks of L (`x`, row-major (height, width) blocks), from
     the last supernode to the first.
 
@@ -558,7 +712,7 @@ def _selinv_supernodal(sn_start, sn_xptr, col_to_sn, l_indptr, l_indices, x, gem
     max_height = 0
     for s in range(n_super):
         f = sn_start[s]
-        height = l_indptr[f + 1] - l_indptr[f]
+        height = sn_rowptr[s + 1] - sn_rowptr[s]
         if height > max_height:
             max_height = height
     gather_buffer = np.empty(max_height * max_height)
@@ -567,8 +721,8 @@ def _selinv_supernodal(sn_start, sn_xptr, col_to_sn, l_indptr, l_indices, x, gem
     for s in range(n_super - 1, -1, -1):
         f = sn_start[s]
         w = sn_start[s + 1] - f
-        r0 = l_indptr[f]
-        height = l_indptr[f + 1] - r0
+        r0 = sn_rowptr[s]
+        height = sn_rowptr[s + 1] - r0
         m = height - w
         block = x[sn_xptr[s] : sn_xptr[s] + height * w].reshape(height, w)
         out = z[sn_xptr[s] : sn_xptr[s] + height * w].reshape(height, w)
@@ -593,27 +747,27 @@ def _selinv_supernodal(sn_start, sn_xptr, col_to_sn, l_indptr, l_indices, x, gem
             gather = gather_buffer[: m * m].reshape(m, m)
             ib = 0
             while ib < m:
-                b = l_indices[r0 + w + ib]
+                b = sn_rows[r0 + w + ib]
                 t = col_to_sn[b]
                 ft = sn_start[t]
                 wt = sn_start[t + 1] - ft
-                rt0 = l_indptr[ft]
-                ht = l_indptr[ft + 1] - rt0
+                rt0 = sn_rowptr[t]
+                ht = sn_rowptr[t + 1] - rt0
                 q = wt
                 for ia in range(ib, m):
-                    a = l_indices[r0 + w + ia]
+                    a = sn_rows[r0 + w + ia]
                     if a < ft + wt:
                         position[ia] = a - ft
                     else:
-                        while l_indices[rt0 + q] != a:
+                        while sn_rows[rt0 + q] != a:
                             q += 1
                         position[ia] = q
                 ie = ib
-                while ie < m and l_indices[r0 + w + ie] < ft + wt:
+                while ie < m and sn_rows[r0 + w + ie] < ft + wt:
                     ie += 1
                 zt = z[sn_xptr[t] : sn_xptr[t] + ht * wt].reshape(ht, wt)
                 for jb in range(ib, ie):
-                    cb = l_indices[r0 + w + jb] - ft
+                    cb = sn_rows[r0 + w + jb] - ft
                     for ia in range(jb, m):
                         value = zt[position[ia], cb]
                         gather[ia, jb] = value

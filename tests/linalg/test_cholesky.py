@@ -47,7 +47,7 @@ def test_supernodal_factor_equals_the_simplicial_factor_and_lapack(case, gemm_mi
     s = symbolic
     x = np.bincount(s.x_map, weights=values, minlength=int(s.sn_xptr[-1]))
     failed = _cholesky._numeric_supernodal(
-        s.sn_start, s.sn_xptr, s.col_to_sn, s.l_indptr, s.l_indices, x, gemm_min
+        s.sn_start, s.sn_xptr, s.col_to_sn, s.sn_rowptr, s.sn_rows, x, gemm_min
     )
     assert failed == failed_simplicial == -1
     np.testing.assert_allclose(x[s.l_to_x], simplicial, rtol=1e-12, atol=1e-13)
@@ -98,3 +98,30 @@ def test_supernodal_selected_inverse_equals_the_dense_inverse_and_the_column_rec
     np.testing.assert_allclose(z, exact, rtol=1e-10, atol=1e-10 * scale)
     reference = _cholesky.selected_inverse_simplicial(symbolic, lx)
     np.testing.assert_allclose(z, reference, rtol=1e-10, atol=1e-10 * scale)
+
+
+@pytest.mark.parametrize("case", ["grid 30x30", "random n=200"])
+def test_relaxed_supernodes_merge_blocks_and_keep_their_padding_zero(case):
+    """Relaxed amalgamation gives fewer supernodes than the fundamental ones on the same
+    ordering; the entries it adds to the blocks (outside L's pattern) stay exactly zero in
+    the factorization (each is a sum of products with a structural zero), and L is the same."""
+    rows, cols, values, dense = CASES[case]
+    n = dense.shape[0]
+    relaxed = _cholesky.analyse(rows, cols, n)
+    fundamental = _cholesky.analyse(rows, cols, n, relax=False)
+    np.testing.assert_array_equal(relaxed.perm, fundamental.perm)
+    assert relaxed.sn_start.size < fundamental.sn_start.size
+    assert relaxed.sn_xptr[-1] > relaxed.factor_nnz  # explicit zeros were added
+    x = np.bincount(relaxed.x_map, weights=values, minlength=int(relaxed.sn_xptr[-1]))
+    s = relaxed
+    assert (
+        _cholesky._numeric_supernodal(
+            s.sn_start, s.sn_xptr, s.col_to_sn, s.sn_rowptr, s.sn_rows, x, _cholesky.GEMM_MIN
+        )
+        == -1
+    )
+    padding = np.ones(x.size, dtype=bool)
+    padding[s.l_to_x] = False
+    assert np.all(x[padding] == 0.0)
+    lx, _ = _cholesky.factorize(fundamental, values)
+    np.testing.assert_allclose(x[s.l_to_x], lx, rtol=1e-12, atol=1e-13)
