@@ -88,6 +88,7 @@ class Symbolic:
         "l_to_x",
         "sn_rowptr",
         "sn_rows",
+        "diag_slots",
     )
 
     @property
@@ -241,6 +242,8 @@ def _supernodes(symbolic: Symbolic, parent, column_counts, l_keys, user_keys, re
     symbolic.sn_xptr = sn_xptr
     symbolic.sn_rowptr = sn_rowptr
     symbolic.sn_rows = sn_rows
+    local = np.arange(n, dtype=np.int64) - sn_start[col_to_sn]
+    symbolic.diag_slots = sn_xptr[col_to_sn] + local * widths[col_to_sn] + local
 
 
 #: Relaxed amalgamation (CHOLMOD's defaults): a merged supernode of at most RELAX_COLUMNS[k]
@@ -288,20 +291,20 @@ def _relaxed_supernodes(sn_start, parent, column_counts):
 
 
 def factorize(symbolic: Symbolic, values: np.ndarray) -> tuple[np.ndarray, int]:
-    """Numeric factor values of L (column layout); second output the failing pivot (-1 when
-    SPD). Supernodal: dense blocks, each updated by its descendants' blocks (see
-    `_numeric_supernodal`)."""
+    """Numeric factor L in the supernodal block layout (the representation every other function
+    here takes); second output the failing pivot (-1 when SPD). Supernodal: dense blocks, each
+    updated by its descendants' blocks (see `_numeric_supernodal`)."""
     s = symbolic
     x = np.bincount(s.x_map, weights=values, minlength=int(s.sn_xptr[-1]))
     failed = _numeric_supernodal(
         s.sn_start, s.sn_xptr, s.col_to_sn, s.sn_rowptr, s.sn_rows, x, GEMM_MIN
     )
-    return x[s.l_to_x], int(failed)
+    return x, int(failed)
 
 
 def factorize_simplicial(symbolic: Symbolic, values: np.ndarray) -> tuple[np.ndarray, int]:
     """`factorize` by the up-looking simplicial algorithm, column by column (the reference the
-    supernodal kernel is tested against)."""
+    supernodal kernel is tested against), returned in the same block layout."""
     s = symbolic
     cx = np.zeros(len(s.c_indices))
     np.add.at(cx, s.c_map, values)
@@ -310,59 +313,64 @@ def factorize_simplicial(symbolic: Symbolic, values: np.ndarray) -> tuple[np.nda
         s.n, s.c_indptr, s.c_indices, cx, s.row_indptr, s.row_columns, s.row_slots, s.l_indptr,
         s.l_indices, lx,
     )  # fmt: skip
-    return lx, int(failed)
+    x = np.zeros(int(s.sn_xptr[-1]))
+    x[s.l_to_x] = lx
+    return x, int(failed)
 
 
-def logdet(symbolic: Symbolic, lx: np.ndarray) -> float:
+def logdet(symbolic: Symbolic, x: np.ndarray) -> float:
     """log det A = 2 Σ log L_jj."""
-    return float(2.0 * np.log(lx[symbolic.l_indptr[:-1]]).sum())
+    return float(2.0 * np.log(x[symbolic.diag_slots]).sum())
 
 
-def solve(symbolic: Symbolic, lx: np.ndarray, b: np.ndarray) -> np.ndarray:
+def _blocks(symbolic: Symbolic):
+    s = symbolic
+    return s.sn_start, s.sn_xptr, s.sn_rowptr, s.sn_rows
+
+
+def solve(symbolic: Symbolic, x: np.ndarray, b: np.ndarray) -> np.ndarray:
     """A⁻¹ b for b of shape (n,) or (n, k)."""
     s = symbolic
     y = np.ascontiguousarray(b[s.perm].reshape(s.n, -1), dtype=np.float64)
-    _forward(s.n, s.l_indptr, s.l_indices, lx, y)
-    _backward(s.n, s.l_indptr, s.l_indices, lx, y)
+    _forward_blocks(*_blocks(s), x, y)
+    _backward_blocks(*_blocks(s), x, y)
     out = np.empty_like(y)
     out[s.perm] = y
     return out.reshape(b.shape)
 
 
-def sample(symbolic: Symbolic, lx: np.ndarray, z: np.ndarray) -> np.ndarray:
+def sample(symbolic: Symbolic, x: np.ndarray, z: np.ndarray) -> np.ndarray:
     """Pᵀ L⁻ᵀ z: for z ~ N(0, I) (shape (n,) or (n, k)) a draw from N(0, A⁻¹)."""
     s = symbolic
-    # a copy: _backward works in place, and z (an Op's input) must not change
+    # a copy: the solve works in place, and z (an Op's input) must not change
     y = np.array(z.reshape(s.n, -1), dtype=np.float64, order="C")
-    _backward(s.n, s.l_indptr, s.l_indices, lx, y)
+    _backward_blocks(*_blocks(s), x, y)
     out = np.empty_like(y)
     out[s.perm] = y
     return out.reshape(z.shape)
 
 
-def forward_permuted(symbolic: Symbolic, lx: np.ndarray, u: np.ndarray) -> np.ndarray:
+def forward_permuted(symbolic: Symbolic, x: np.ndarray, u: np.ndarray) -> np.ndarray:
     """L⁻¹ P u, the adjoint of :func:`sample` (u of shape (n,) or (n, k))."""
     s = symbolic
     y = np.ascontiguousarray(u[s.perm].reshape(s.n, -1), dtype=np.float64)
-    _forward(s.n, s.l_indptr, s.l_indices, lx, y)
+    _forward_blocks(*_blocks(s), x, y)
     return y.reshape(u.shape)
 
 
-def selected_inverse(symbolic: Symbolic, lx: np.ndarray) -> np.ndarray:
+def selected_inverse(symbolic: Symbolic, x: np.ndarray) -> np.ndarray:
     """(A⁻¹)_ij at every user entry (i, j) of the pattern: the Takahashi recurrences on L's
     supernodes, dense products on each block (see `_selinv_supernodal`)."""
     s = symbolic
-    x = np.zeros(int(s.sn_xptr[-1]))
-    x[s.l_to_x] = lx
     z = _selinv_supernodal(s.sn_start, s.sn_xptr, s.col_to_sn, s.sn_rowptr, s.sn_rows, x, GEMM_MIN)
     return z[s.x_map]
 
 
-def selected_inverse_simplicial(symbolic: Symbolic, lx: np.ndarray) -> np.ndarray:
+def selected_inverse_simplicial(symbolic: Symbolic, x: np.ndarray) -> np.ndarray:
     """`selected_inverse` by the column recurrences (the reference the supernodal kernel is
     tested against)."""
     s = symbolic
-    z = _takahashi(s.n, s.l_indptr, s.l_indices, lx, s.max_column)
+    z = _takahashi(s.n, s.l_indptr, s.l_indices, x[s.l_to_x], s.max_column)
     return z[s.l_map]
 
 
@@ -586,7 +594,11 @@ def _numeric_supernodal(sn_start, sn_xptr, col_to_sn, sn_rowptr, sn_rows, x, gem
             m1 = height_d - p1
             m2 = p2 - p1
             if wd * m1 * m2 >= gemm_min:
-                update = np.dot(source[p1:, :], source[p1:p2, :].T)
+                # contiguous row ranges of the block, so the product is one BLAS call
+                start = sn_xptr[d] + p1 * wd
+                lower = x[start : start + m1 * wd].reshape(m1, wd)
+                upper = x[start : start + m2 * wd].reshape(m2, wd)
+                update = np.dot(lower, upper.T)
                 for b in range(m2):
                     col = sn_rows[rd0 + p1 + b] - f
                     for a in range(b, m1):
@@ -628,31 +640,105 @@ def _numeric_supernodal(sn_start, sn_xptr, col_to_sn, sn_rowptr, sn_rows, x, gem
 
 
 @_jit
-def _forward(n, l_indptr, l_indices, lx, y):
-    """y ← L⁻¹ y in place (y of shape (n, m))."""
-    m = y.shape[1]
-    for j in range(n):
-        diag = lx[l_indptr[j]]
-        for c in range(m):
-            y[j, c] /= diag
-        for p in range(l_indptr[j] + 1, l_indptr[j + 1]):
-            i = l_indices[p]
-            for c in range(m):
-                y[i, c] -= lx[p] * y[j, c]
+def _forward_blocks_vector(sn_start, sn_xptr, sn_rowptr, sn_rows, x, y):
+    """`_forward_blocks` for one right-hand side (scalar accumulators)."""
+    for s in range(sn_start.size - 1):
+        f = sn_start[s]
+        w = sn_start[s + 1] - f
+        r0 = sn_rowptr[s]
+        base = sn_xptr[s]
+        for r in range(sn_rowptr[s + 1] - r0):
+            acc = 0.0
+            row = base + r * w
+            for c in range(min(r, w)):
+                acc += x[row + c] * y[f + c]
+            if r < w:
+                y[f + r] = (y[f + r] - acc) / x[row + r]
+            else:
+                y[sn_rows[r0 + r]] -= acc
 
 
 @_jit
-def _backward(n, l_indptr, l_indices, lx, y):
-    """y ← L⁻ᵀ y in place (y of shape (n, m))."""
+def _backward_blocks_vector(sn_start, sn_xptr, sn_rowptr, sn_rows, x, y):
+    """`_backward_blocks` for one right-hand side."""
+    for s in range(sn_start.size - 2, -1, -1):
+        f = sn_start[s]
+        w = sn_start[s + 1] - f
+        r0 = sn_rowptr[s]
+        base = sn_xptr[s]
+        for r in range(w, sn_rowptr[s + 1] - r0):
+            value = y[sn_rows[r0 + r]]
+            row = base + r * w
+            for c in range(w):
+                y[f + c] -= x[row + c] * value
+        for r in range(w - 1, -1, -1):
+            row = base + r * w
+            value = y[f + r] / x[row + r]
+            y[f + r] = value
+            for c in range(r):
+                y[f + c] -= x[row + c] * value
+
+
+@_jit
+def _forward_blocks(sn_start, sn_xptr, sn_rowptr, sn_rows, x, y):
+    """y ← L⁻¹ y in place (y of shape (n, m)), supernode by supernode: the diagonal block's
+    triangular solve, then y[R] −= L_RJ y[J], both along the blocks' rows (contiguous)."""
     m = y.shape[1]
-    for j in range(n - 1, -1, -1):
-        for p in range(l_indptr[j] + 1, l_indptr[j + 1]):
-            i = l_indices[p]
-            for c in range(m):
-                y[j, c] -= lx[p] * y[i, c]
-        diag = lx[l_indptr[j]]
-        for c in range(m):
-            y[j, c] /= diag
+    if m == 1:
+        _forward_blocks_vector(sn_start, sn_xptr, sn_rowptr, sn_rows, x, y[:, 0])
+        return
+    acc = np.empty(m)
+    for s in range(sn_start.size - 1):
+        f = sn_start[s]
+        w = sn_start[s + 1] - f
+        r0 = sn_rowptr[s]
+        height = sn_rowptr[s + 1] - r0
+        block = x[sn_xptr[s] : sn_xptr[s] + height * w].reshape(height, w)
+        for r in range(height):
+            for k in range(m):
+                acc[k] = 0.0
+            for c in range(min(r, w)):
+                value = block[r, c]
+                for k in range(m):
+                    acc[k] += value * y[f + c, k]
+            if r < w:
+                diag = block[r, r]
+                for k in range(m):
+                    y[f + r, k] = (y[f + r, k] - acc[k]) / diag
+            else:
+                i = sn_rows[r0 + r]
+                for k in range(m):
+                    y[i, k] -= acc[k]
+
+
+@_jit
+def _backward_blocks(sn_start, sn_xptr, sn_rowptr, sn_rows, x, y):
+    """y ← L⁻ᵀ y in place (y of shape (n, m)), supernodes from last to first: y[J] −= L_RJᵀ y[R],
+    then the diagonal block's transposed triangular solve, along the blocks' rows."""
+    m = y.shape[1]
+    if m == 1:
+        _backward_blocks_vector(sn_start, sn_xptr, sn_rowptr, sn_rows, x, y[:, 0])
+        return
+    for s in range(sn_start.size - 2, -1, -1):
+        f = sn_start[s]
+        w = sn_start[s + 1] - f
+        r0 = sn_rowptr[s]
+        height = sn_rowptr[s + 1] - r0
+        block = x[sn_xptr[s] : sn_xptr[s] + height * w].reshape(height, w)
+        for r in range(w, height):
+            i = sn_rows[r0 + r]
+            for c in range(w):
+                value = block[r, c]
+                for k in range(m):
+                    y[f + c, k] -= value * y[i, k]
+        for r in range(w - 1, -1, -1):
+            diag = block[r, r]
+            for k in range(m):
+                y[f + r, k] /= diag
+            for c in range(r):
+                value = block[r, c]
+                for k in range(m):
+                    y[f + c, k] -= value * y[f + r, k]
 
 
 @_jit
