@@ -803,6 +803,7 @@ def _selinv_supernodal(sn_start, sn_xptr, col_to_sn, sn_rowptr, sn_rows, x, gemm
             max_height = height
     gather_buffer = np.empty(max_height * max_height)
     y_buffer = np.empty(max_height * max_height)
+    inner_buffer = np.empty(max_height * max_height)
     position = np.empty(max_height, dtype=np.int64)
     for s in range(n_super - 1, -1, -1):
         f = sn_start[s]
@@ -873,7 +874,7 @@ def _selinv_supernodal(sn_start, sn_xptr, col_to_sn, sn_rowptr, sn_rows, x, gemm
                             total += gather[i, k] * y[k, c]
                         out[w + i, c] = -total
         # Z_JJ = Tᵀ T − Yᵀ Z_RJ (lower triangle, then mirrored)
-        inner = np.zeros((w, w))
+        inner = inner_buffer[: w * w].reshape(w, w)
         for c in range(w):
             for r in range(c, w):
                 total = 0.0
