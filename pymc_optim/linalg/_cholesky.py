@@ -824,12 +824,13 @@ def _selinv_supernodal(sn_start, sn_xptr, col_to_sn, sn_rowptr, sn_rows, x, gemm
         if m > 0:
             # Y = L_RJ T
             y = y_buffer[: m * w].reshape(m, w)
-            for i in range(m):
+            for i in range(m):  # along rows of T (contiguous): y_i = Σ_k L_ik T[k, :k+1]
                 for c in range(w):
-                    total = 0.0
-                    for k in range(c, w):
-                        total += block[w + i, k] * out[k, c]
-                    y[i, c] = total
+                    y[i, c] = 0.0
+                for k in range(w):
+                    lik = block[w + i, k]
+                    for c in range(k + 1):
+                        y[i, c] += lik * out[k, c]
             # gather Z_RR: the rows of R, supernode by supernode of R's columns
             gather = gather_buffer[: m * m].reshape(m, m)
             ib = 0
