@@ -52,6 +52,31 @@ _INSTALL_HINT = (
 )
 
 
+def _lapack_symbols():
+    """dpotrf and dtrsm from scipy's LAPACK/BLAS, callable from numba kernels that cache: the
+    addresses are registered under our own symbol names with LLVM at import, and the kernels
+    call those names (`numba.types.ExternalFunction`), so a cached kernel links to this
+    process's addresses. Arguments are pointers (Fortran convention), passed as integers."""
+    import llvmlite.binding as llvm
+    from numba import types
+    from numba.extending import get_cython_function_address
+
+    pointer = types.intp
+    llvm.add_symbol(
+        "pymc_optim_dpotrf", get_cython_function_address("scipy.linalg.cython_lapack", "dpotrf")
+    )
+    llvm.add_symbol(
+        "pymc_optim_dtrsm", get_cython_function_address("scipy.linalg.cython_blas", "dtrsm")
+    )
+    potrf = types.ExternalFunction("pymc_optim_dpotrf", types.void(*[pointer] * 5))
+    trsm = types.ExternalFunction("pymc_optim_dtrsm", types.void(*[pointer] * 11))
+    return potrf, trsm
+
+
+if numba is not None:
+    _dpotrf, _dtrsm = _lapack_symbols()
+
+
 def require_backend() -> None:
     """Raise ImportError naming the `sparse` extra when numba is not installed."""
     if numba is None:
@@ -297,7 +322,7 @@ def factorize(symbolic: Symbolic, values: np.ndarray) -> tuple[np.ndarray, int]:
     s = symbolic
     x = np.bincount(s.x_map, weights=values, minlength=int(s.sn_xptr[-1]))
     failed = _numeric_supernodal(
-        s.sn_start, s.sn_xptr, s.col_to_sn, s.sn_rowptr, s.sn_rows, x, GEMM_MIN
+        s.sn_start, s.sn_xptr, s.col_to_sn, s.sn_rowptr, s.sn_rows, x, GEMM_MIN, LAPACK_MIN
     )
     return x, int(failed)
 
@@ -551,10 +576,13 @@ def _numeric(
 
 #: Below this many multiply-adds a block update runs as loops; above, as one matrix product.
 GEMM_MIN = 4096
+#: Supernodes at least this wide factorize their diagonal block and the rows below by LAPACK
+#: potrf and BLAS trsm; narrower ones by loops.
+LAPACK_MIN = 16
 
 
 @_jit
-def _numeric_supernodal(sn_start, sn_xptr, col_to_sn, sn_rowptr, sn_rows, x, gemm_min):
+def _numeric_supernodal(sn_start, sn_xptr, col_to_sn, sn_rowptr, sn_rows, x, gemm_min, lapack_min):
     """Left-looking supernodal Cholesky, in place on the blocks `x` (assembled from A).
 
     Supernode s (columns [f, l), rows R_s, block B_s of shape (|R_s|, l − f)) receives, from
@@ -571,6 +599,10 @@ def _numeric_supernodal(sn_start, sn_xptr, col_to_sn, sn_rowptr, sn_rows, x, gem
     following = np.full(n_super, -1, dtype=np.int64)
     position = np.zeros(n_super, dtype=np.int64)
     local = np.zeros(n, dtype=np.int64)
+    # Fortran arguments of potrf/trsm: the characters "L", "N", "U", "T" (one byte each, in
+    # int32s), then the sizes and info; alpha = 1
+    ints = np.array([76, 78, 85, 84, 0, 0, 0], dtype=np.int32)
+    one = np.ones(1)
     for s in range(n_super):
         f = sn_start[s]
         w = sn_start[s + 1] - f
@@ -617,8 +649,28 @@ def _numeric_supernodal(sn_start, sn_xptr, col_to_sn, sn_rowptr, sn_rows, x, gem
                 following[d] = head[t]
                 head[t] = d
             d = next_d
+        if w >= lapack_min:
+            # LAPACK on the block seen column-major as Bᵀ (w × height, leading dimension w):
+            # Bᵀ's upper triangle is B's lower one, so potrf("U") gives U = Lᵀ in place, and
+            # the rows below, B_R ← B_R L⁻ᵀ, are Bᵀ_R ← U⁻ᵀ Bᵀ_R (trsm "L", "U", "T").
+            base = x[sn_xptr[s] :].ctypes.data
+            ints[4] = w
+            ints[5] = height - w
+            ints[6] = 0
+            _dpotrf(ints[2:].ctypes.data, ints[4:].ctypes.data, base, ints[4:].ctypes.data,
+                    ints[6:].ctypes.data)  # fmt: skip
+            if ints[6] != 0:
+                return f + ints[6] - 1
+            for j in range(w):
+                if not block[j, j] > 0.0:  # NaN (some LAPACKs let it through)
+                    return f + j
+            if height > w:
+                _dtrsm(ints[0:].ctypes.data, ints[2:].ctypes.data, ints[3:].ctypes.data,
+                       ints[1:].ctypes.data, ints[4:].ctypes.data, ints[5:].ctypes.data,
+                       one.ctypes.data, base, ints[4:].ctypes.data, base + 8 * w * w,
+                       ints[4:].ctypes.data)  # fmt: skip
         # the diagonal block's Cholesky and the rows below, column by column
-        for j in range(w):
+        for j in range(w if w < lapack_min else 0):
             total = block[j, j]
             for k in range(j):
                 total -= block[j, k] * block[j, k]
@@ -636,7 +688,7 @@ def _numeric_supernodal(sn_start, sn_xptr, col_to_sn, sn_rowptr, sn_rows, x, gem
             position[s] = w
             following[s] = head[t]
             head[t] = s
-    return -1
+    return -1 if ints[0] == 76 and one[0] == 1.0 else -2  # (keeps both arrays alive)
 
 
 @_jit

@@ -34,12 +34,16 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize(
+    "lapack_min", [1, _cholesky.LAPACK_MIN, 2**62], ids=["potrf", "auto-potrf", "loop-diag"]
+)
 @pytest.mark.parametrize("gemm_min", [0, _cholesky.GEMM_MIN, 2**62], ids=["gemm", "auto", "loops"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_supernodal_factor_equals_the_simplicial_factor_and_lapack(case, gemm_min):
+def test_supernodal_factor_equals_the_simplicial_factor_and_lapack(case, gemm_min, lapack_min):
     """Both kernels give L of C = P A Pᵀ in the same block layout; the supernodal one through
-    matrix products (gemm), loops, or the default mix. Agreement to rounding: both are
-    backward-stable Cholesky factorizations of well-conditioned matrices."""
+    matrix products (gemm), loops, or the default mix for the updates, and LAPACK potrf/trsm or
+    loops for the diagonal blocks. Agreement to rounding: both are backward-stable Cholesky
+    factorizations of well-conditioned matrices."""
     rows, cols, values, dense = CASES[case]
     n = dense.shape[0]
     symbolic = _cholesky.analyse(rows, cols, n)
@@ -47,7 +51,7 @@ def test_supernodal_factor_equals_the_simplicial_factor_and_lapack(case, gemm_mi
     s = symbolic
     x = np.bincount(s.x_map, weights=values, minlength=int(s.sn_xptr[-1]))
     failed = _cholesky._numeric_supernodal(
-        s.sn_start, s.sn_xptr, s.col_to_sn, s.sn_rowptr, s.sn_rows, x, gemm_min
+        s.sn_start, s.sn_xptr, s.col_to_sn, s.sn_rowptr, s.sn_rows, x, gemm_min, lapack_min
     )
     assert failed == failed_simplicial == -1
     np.testing.assert_allclose(x, simplicial, rtol=1e-12, atol=1e-13)
@@ -60,9 +64,12 @@ def test_supernodal_factor_equals_the_simplicial_factor_and_lapack(case, gemm_mi
         assert s.sn_start.size - 1 < n or case == "n=1"  # some columns share a supernode
 
 
-@pytest.mark.parametrize("case", ["grid 5x5", "random n=200"])
-def test_supernodal_factor_reports_the_simplicial_failing_pivot(case):
-    """An indefinite matrix: both kernels stop at the same pivot (the first non-positive one)."""
+@pytest.mark.parametrize("lapack_min", [1, 2**62], ids=["potrf", "loop-diag"])
+@pytest.mark.parametrize("case", ["grid 5x5", "random n=200", "random dense-ish n=60"])
+def test_supernodal_factor_reports_the_simplicial_failing_pivot(case, lapack_min, monkeypatch):
+    """An indefinite matrix: both kernels stop at the same pivot (the first non-positive one),
+    the diagonal blocks by LAPACK or loops; a NaN is a failure too."""
+    monkeypatch.setattr(_cholesky, "LAPACK_MIN", lapack_min)
     rows, cols, values, _ = CASES[case]
     n = int(rows.max()) + 1
     symbolic = _cholesky.analyse(rows, cols, n)
@@ -100,8 +107,9 @@ def test_supernodal_selected_inverse_equals_the_dense_inverse_and_the_column_rec
     np.testing.assert_allclose(z, reference, rtol=1e-10, atol=1e-10 * scale)
 
 
+@pytest.mark.parametrize("lapack_min", [1, 2**62], ids=["potrf", "loop-diag"])
 @pytest.mark.parametrize("case", ["grid 30x30", "random n=200"])
-def test_relaxed_supernodes_merge_blocks_and_keep_their_padding_zero(case):
+def test_relaxed_supernodes_merge_blocks_and_keep_their_padding_zero(case, lapack_min):
     """Relaxed amalgamation gives fewer supernodes than the fundamental ones on the same
     ordering; the entries it adds to the blocks (outside L's pattern) stay exactly zero in
     the factorization (each is a sum of products with a structural zero), and L is the same."""
@@ -116,7 +124,7 @@ def test_relaxed_supernodes_merge_blocks_and_keep_their_padding_zero(case):
     s = relaxed
     assert (
         _cholesky._numeric_supernodal(
-            s.sn_start, s.sn_xptr, s.col_to_sn, s.sn_rowptr, s.sn_rows, x, _cholesky.GEMM_MIN
+            s.sn_start, s.sn_xptr, s.col_to_sn, s.sn_rowptr, s.sn_rows, x, 0, lapack_min
         )
         == -1
     )
