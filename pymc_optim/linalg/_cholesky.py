@@ -2,11 +2,14 @@
 
 The matrix is symmetric positive definite, given by the entries of its lower triangle. Symbolic
 analysis (once per pattern): a fill-reducing permutation P (minimum degree on the pattern of
-A + Aᵀ, taken from SuperLU's ordering), the elimination tree of C = P A Pᵀ and, from it, the
-pattern of the factor L (C = L Lᵀ) row by row, with the slot of every L entry precomputed. Numeric
-refactorization is then the up-looking algorithm (row k of L is the sparse triangular solve
-L[:k, :k] l = C[:k, k], its pattern the reach of C[:k, k] in the elimination tree): no allocation,
-no search, flops = Σ_j |L[:, j]|².
+A + Aᵀ, taken from SuperLU's ordering, renumbered in a postorder of its elimination tree), the
+elimination tree of C = P A Pᵀ and, from it, the pattern of the factor L (C = L Lᵀ) row by row,
+then its supernodes (relaxed: small ones merged into their parents) as dense blocks, with the
+slot of every entry precomputed. The numeric factorization (`factorize`) is left-looking
+supernodal, and the factor stays in that block layout for log det, solves, draws and the
+selected inverse. The reference it is tested against (`factorize_simplicial`) is the up-looking
+algorithm (row k of L is the sparse triangular solve L[:k, :k] l = C[:k, k], its pattern the
+reach of C[:k, k] in the elimination tree): no allocation, no search, flops = Σ_j |L[:, j]|².
 
 Selected inverse (Takahashi, Fagan & Chen 1973). With Z = C⁻¹ = L⁻ᵀ L⁻¹, row j of Lᵀ Z = L⁻¹
 reads, for i ≥ j,  L_jj Z_ji + Σ_{k > j} L_kj Z_ki = δ_ij / L_jj,  so, columns from last to first,
