@@ -16,8 +16,9 @@ Hessian, its log det, the implicit gradient through the selected inverse):
   so two inner Newton solves);
 - **joint**: log density and gradient from one function, as ``pm.sample`` evaluates them
   (``logp_dlogp_function``): one inner solve;
-- **joint, simplicial**: the joint call with the numeric factorization swapped for the
-  simplicial up-looking kernel (the reference the supernodal one replaced), for the ratio.
+- **joint, reference kernels**: the joint call with the numeric factorization swapped for the
+  simplicial up-looking kernel and the selected inverse for the column recurrences (the
+  tested references the supernodal kernels replaced), for the ratio.
 
 Times are medians of paired, interleaved repeats (``_timing.time_interleaved``) with the
 factorizations per call counted; build and compile time printed apart. The dense path
@@ -103,15 +104,18 @@ class Factorizations:
 
 
 def simplicial(fn, factorizations):
-    """`fn` with the simplicial factorization kernel in place of the supernodal one."""
+    """`fn` with the simplicial factorization and column selected-inverse kernels in place of
+    the supernodal ones."""
 
     def run():
-        supernodal = factorizations.kernel
+        supernodal, selected = factorizations.kernel, _cholesky.selected_inverse
         factorizations.kernel = _cholesky.factorize_simplicial
+        _cholesky.selected_inverse = _cholesky.selected_inverse_simplicial
         try:
             return fn()
         finally:
             factorizations.kernel = supernodal
+            _cholesky.selected_inverse = selected
 
     return run
 
@@ -146,7 +150,7 @@ def bench_size(m: int, count: Factorizations, repeats: int) -> int:
     contenders = {
         "separate": lambda: (logp(p := point()), dlogp(p)),
         "joint": lambda: joint(point()),
-        "joint, simplicial": simplicial(lambda: joint(point()), count),
+        "joint, reference kernels": simplicial(lambda: joint(point()), count),
     }
     calls = {}
     for key, fn in contenders.items():
@@ -170,7 +174,7 @@ def bench_size(m: int, count: Factorizations, repeats: int) -> int:
     rows = [
         ("sparse ('auto'), separate logp, dlogp", "separate", "separate", "joint"),
         ("sparse ('auto'), joint", "joint", "joint", "joint"),
-        ("sparse, joint, simplicial kernel", "joint, simplicial", "joint, simplicial", "joint"),
+        ("sparse, joint, reference kernels", *["joint, reference kernels"] * 2, "joint"),
     ]
     for label, key, num, den in rows:
         r = ratio(times, num, den)

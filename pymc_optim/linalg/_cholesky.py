@@ -2,11 +2,14 @@
 
 The matrix is symmetric positive definite, given by the entries of its lower triangle. Symbolic
 analysis (once per pattern): a fill-reducing permutation P (minimum degree on the pattern of
-A + Aᵀ, taken from SuperLU's ordering), the elimination tree of C = P A Pᵀ and, from it, the
-pattern of the factor L (C = L Lᵀ) row by row, with the slot of every L entry precomputed. Numeric
-refactorization is then the up-looking algorithm (row k of L is the sparse triangular solve
-L[:k, :k] l = C[:k, k], its pattern the reach of C[:k, k] in the elimination tree): no allocation,
-no search, flops = Σ_j |L[:, j]|².
+A + Aᵀ, taken from SuperLU's ordering, renumbered in a postorder of its elimination tree), the
+elimination tree of C = P A Pᵀ and, from it, the pattern of the factor L (C = L Lᵀ) row by row,
+then its supernodes (relaxed: small ones merged into their parents) as dense blocks, with the
+slot of every entry precomputed. The numeric factorization (`factorize`) is left-looking
+supernodal, and the factor stays in that block layout for log det, solves, draws and the
+selected inverse. The reference it is tested against (`factorize_simplicial`) is the up-looking
+algorithm (row k of L is the sparse triangular solve L[:k, :k] l = C[:k, k], its pattern the
+reach of C[:k, k] in the elimination tree): no allocation, no search, flops = Σ_j |L[:, j]|².
 
 Selected inverse (Takahashi, Fagan & Chen 1973). With Z = C⁻¹ = L⁻ᵀ L⁻¹, row j of Lᵀ Z = L⁻¹
 reads, for i ≥ j,  L_jj Z_ji + Σ_{k > j} L_kj Z_ki = δ_ij / L_jj,  so, columns from last to first,
@@ -17,7 +20,11 @@ reads, for i ≥ j,  L_jj Z_ji + Σ_{k > j} L_kj Z_ki = δ_ij / L_jj,  so, colum
 with S_j the rows of L's column j below the diagonal. Every Z_ik needed (i, k ∈ S_j) lies on L's
 pattern (S_j is a clique of the filled graph), so Z is computed on L's pattern only, never dense.
 Column j reads, for each k ∈ S_j, the part of column k below k; its cost is Σ_j Σ_{k ∈ S_j}
-|L[:, k]|, the same order as the factorization's (benchmarks/bench_sparse.py measures the ratio).
+|L[:, k]|, the same order as the factorization's. `selected_inverse` runs the same recurrences
+on L's supernodes (blocks of columns sharing their rows), as dense matrix products per block
+(`_selinv_supernodal`); the column version stays as the tested reference
+(`selected_inverse_simplicial`). benchmarks/bench_sparse.py measures both against the
+factorization.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ __all__ = [
     "logdet",
     "sample",
     "selected_inverse",
+    "selected_inverse_simplicial",
     "solve",
 ]
 
@@ -45,6 +53,31 @@ _INSTALL_HINT = (
     "Sparse structures need the optional extra `sparse` (numba kernels): "
     "`pip install 'pymc-optim[sparse]'`."
 )
+
+
+def _lapack_symbols():
+    """dpotrf and dtrsm from scipy's LAPACK/BLAS, callable from numba kernels that cache: the
+    addresses are registered under our own symbol names with LLVM at import, and the kernels
+    call those names (`numba.types.ExternalFunction`), so a cached kernel links to this
+    process's addresses. Arguments are pointers (Fortran convention), passed as integers."""
+    import llvmlite.binding as llvm
+    from numba import types
+    from numba.extending import get_cython_function_address
+
+    pointer = types.intp
+    llvm.add_symbol(
+        "pymc_optim_dpotrf", get_cython_function_address("scipy.linalg.cython_lapack", "dpotrf")
+    )
+    llvm.add_symbol(
+        "pymc_optim_dtrsm", get_cython_function_address("scipy.linalg.cython_blas", "dtrsm")
+    )
+    potrf = types.ExternalFunction("pymc_optim_dpotrf", types.void(*[pointer] * 5))
+    trsm = types.ExternalFunction("pymc_optim_dtrsm", types.void(*[pointer] * 11))
+    return potrf, trsm
+
+
+if numba is not None:
+    _dpotrf, _dtrsm = _lapack_symbols()
 
 
 def require_backend() -> None:
@@ -81,6 +114,9 @@ class Symbolic:
         "sn_xptr",
         "x_map",
         "l_to_x",
+        "sn_rowptr",
+        "sn_rows",
+        "diag_slots",
     )
 
     @property
@@ -121,21 +157,31 @@ def fill_reducing_order(rows: np.ndarray, cols: np.ndarray, n: int) -> np.ndarra
     return inverse
 
 
-def analyse(rows: np.ndarray, cols: np.ndarray, n: int) -> Symbolic:
-    """Symbolic analysis of the SPD pattern with lower-triangle entries (rows ≥ cols)."""
+def analyse(
+    rows: np.ndarray, cols: np.ndarray, n: int, *, postorder: bool = True, relax: bool = True
+) -> Symbolic:
+    """Symbolic analysis of the SPD pattern with lower-triangle entries (rows ≥ cols).
+
+    `postorder` renumbers the minimum-degree ordering in a postorder of its elimination tree
+    and `relax` merges small supernodes into their parents at the price of a few explicit
+    zeros (see `_relaxed_supernodes`); both only change the blocking, not the factor.
+    """
     require_backend()
     rows = np.asarray(rows, dtype=np.int64)
     cols = np.asarray(cols, dtype=np.int64)
     inverse = fill_reducing_order(rows, cols, n)
+    if postorder:
+        # Renumber in a postorder of the elimination tree (same fill, same tree): each
+        # supernode's columns become contiguous with its heaviest child's, so blocks merge.
+        c_indptr, c_indices, _, _ = _permuted_upper(rows, cols, n, inverse)
+        parent = _etree(n, c_indptr, c_indices)
+        weight = np.bincount(_row_patterns_of(n, c_indptr, c_indices, parent), minlength=n)
+        order = _postorder(n, parent, weight)
+        rank = np.empty(n, dtype=np.int64)
+        rank[order] = np.arange(n, dtype=np.int64)
+        inverse = rank[inverse]
     perm = np.argsort(inverse)
-    new_r, new_c = inverse[rows], inverse[cols]
-    # C = P A Pᵀ stored as its upper triangle by columns: entry (min, max) in column max.
-    upper_col = np.maximum(new_r, new_c)
-    upper_row = np.minimum(new_r, new_c)
-    keys, c_map = np.unique(upper_col * n + upper_row, return_inverse=True)
-    c_indices = keys % n
-    c_indptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(keys // n, minlength=n), out=c_indptr[1:])
+    c_indptr, c_indices, c_map, (upper_row, upper_col) = _permuted_upper(rows, cols, n, inverse)
 
     parent = _etree(n, c_indptr, c_indices)
     counts = _row_counts(n, c_indptr, c_indices, parent)
@@ -153,7 +199,7 @@ def analyse(rows: np.ndarray, cols: np.ndarray, n: int) -> Symbolic:
     symbolic.inverse_perm = inverse
     symbolic.c_indptr = c_indptr
     symbolic.c_indices = c_indices
-    symbolic.c_map = c_map.astype(np.int64).ravel()
+    symbolic.c_map = c_map
     symbolic.row_indptr = row_indptr
     symbolic.row_columns = row_columns
     symbolic.row_slots = row_slots
@@ -163,56 +209,130 @@ def analyse(rows: np.ndarray, cols: np.ndarray, n: int) -> Symbolic:
     l_keys = np.repeat(np.arange(n, dtype=np.int64), column_counts) * n + l_indices
     symbolic.l_map = np.searchsorted(l_keys, upper_row * n + upper_col)
     symbolic.max_column = int(column_counts.max())
-    _supernodes(symbolic, parent, column_counts, l_keys, upper_row * n + upper_col)
+    _supernodes(symbolic, parent, column_counts, l_keys, upper_row * n + upper_col, relax)
     return symbolic
 
 
-def _supernodes(symbolic: Symbolic, parent, column_counts, l_keys, user_keys) -> None:
-    """Fundamental supernodes of L: runs of columns j, j+1, … with parent(j) = j + 1 and
-    |L[:, j]| = |L[:, j+1]| + 1, i.e. struct L[:, j] = {j} ∪ struct L[:, j+1]. A supernode with
-    columns [f, l) and rows R = struct L[:, f] is one dense (|R|, l − f) block, row-major; the
-    numeric factorization works on these blocks (`_numeric_supernodal`) and the factor is
-    then copied into the column layout (`l_to_x`) the other kernels read."""
+def _permuted_upper(rows, cols, n, inverse):
+    """C = P A Pᵀ as its upper triangle by columns (entry (min, max) in column max): indptr,
+    row indices, the slot of each user entry, and the user entries' (min, max) indices."""
+    new_r, new_c = inverse[rows], inverse[cols]
+    upper_col = np.maximum(new_r, new_c)
+    upper_row = np.minimum(new_r, new_c)
+    keys, c_map = np.unique(upper_col * n + upper_row, return_inverse=True)
+    c_indices = keys % n
+    c_indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(keys // n, minlength=n), out=c_indptr[1:])
+    return c_indptr, c_indices, c_map.astype(np.int64).ravel(), (upper_row, upper_col)
+
+
+def _row_patterns_of(n, c_indptr, c_indices, parent):
+    counts = _row_counts(n, c_indptr, c_indices, parent)
+    row_indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=row_indptr[1:])
+    return _row_patterns(n, c_indptr, c_indices, parent, row_indptr)
+
+
+def _supernodes(symbolic: Symbolic, parent, column_counts, l_keys, user_keys, relax) -> None:
+    """Supernodes of L and their dense blocks.
+
+    Fundamental supernodes are runs of columns j, j+1, … with parent(j) = j + 1 and
+    |L[:, j]| = |L[:, j+1]| + 1, i.e. struct L[:, j] = {j} ∪ struct L[:, j+1]. With `relax`,
+    a supernode is then merged into its parent when they are adjacent (`_relaxed_supernodes`).
+    A supernode with columns [f, l) has rows R = [f, l) ∪ (struct L[:, l − 1] below l − 1)
+    (every column's structure lies in it) and is one dense (|R|, l − f) block, row-major,
+    explicit zeros included; the numeric factorization and the selected inverse work on these
+    blocks, and `l_to_x` maps L's entries (column layout, no explicit zeros) into them."""
     n = symbolic.n
+    l_indptr, l_indices = symbolic.l_indptr, symbolic.l_indices
     joins = np.zeros(n, dtype=bool)
     if n > 1:
         j = np.arange(n - 1)
         joins[1:] = (parent[j] == j + 1) & (column_counts[j] == column_counts[j + 1] + 1)
     sn_start = np.append(np.flatnonzero(~joins), n).astype(np.int64)
+    if relax and sn_start.size > 2:
+        sn_start = _relaxed_supernodes(sn_start, parent, column_counts)
     widths = np.diff(sn_start)
-    heights = column_counts[sn_start[:-1]]
+    last = sn_start[1:] - 1
+    below = column_counts[last] - 1  # rows under each supernode's diagonal block
+    heights = widths + below
+    sn_rowptr = np.zeros(widths.size + 1, dtype=np.int64)
+    np.cumsum(heights, out=sn_rowptr[1:])
     sn_xptr = np.zeros(widths.size + 1, dtype=np.int64)
     np.cumsum(widths * heights, out=sn_xptr[1:])
     col_to_sn = np.repeat(np.arange(widths.size, dtype=np.int64), widths)
-    # Entry p of column j (row l_indices[p]) is local row (j − f) + (p − l_indptr[j]) and local
-    # column j − f of its supernode's block.
-    l_indptr = symbolic.l_indptr
-    column = np.repeat(np.arange(n, dtype=np.int64), column_counts)
-    first = sn_start[col_to_sn[column]]
-    local_row = (column - first) + (np.arange(l_indptr[-1]) - l_indptr[column])
-    width = widths[col_to_sn[column]]
-    symbolic.l_to_x = sn_xptr[col_to_sn[column]] + local_row * width + (column - first)
+    sn_rows = _supernode_rows(sn_start, sn_rowptr, l_indptr, l_indices)
+    symbolic.l_to_x = _entry_slots(sn_start, sn_rowptr, sn_rows, sn_xptr, col_to_sn, l_indptr,
+                                   l_indices)  # fmt: skip
     symbolic.x_map = symbolic.l_to_x[np.searchsorted(l_keys, user_keys)]
     symbolic.sn_start = sn_start
     symbolic.col_to_sn = col_to_sn
     symbolic.sn_xptr = sn_xptr
+    symbolic.sn_rowptr = sn_rowptr
+    symbolic.sn_rows = sn_rows
+    local = np.arange(n, dtype=np.int64) - sn_start[col_to_sn]
+    symbolic.diag_slots = sn_xptr[col_to_sn] + local * widths[col_to_sn] + local
+
+
+#: Relaxed amalgamation (CHOLMOD's defaults): a merged supernode of at most RELAX_COLUMNS[k]
+#: columns is accepted when at most RELAX_ZEROS[k] of its block's entries are explicit zeros
+#: (any share up to 4 columns; past 48 columns, 5 %).
+RELAX_COLUMNS = (4, 16, 48)
+RELAX_ZEROS = (0.8, 0.1, 0.05)
+
+
+def _relaxed_supernodes(sn_start, parent, column_counts):
+    """Merge each fundamental supernode into the one after it when that one is its parent
+    (in a postorder, its heaviest child comes just before it), while the merged block keeps
+    few explicit zeros (`RELAX_COLUMNS`, `RELAX_ZEROS`). Fewer, larger blocks: fewer
+    updates, longer inner loops and matrix products, for a few percent more entries."""
+    n_fund = sn_start.size - 1
+    first_cols = sn_start[:-1]
+    last_cols = sn_start[1:] - 1
+    widths = np.diff(sn_start)
+    col_to_fund = np.repeat(np.arange(n_fund, dtype=np.int64), widths)
+    fund_parent = np.full(n_fund, -1, dtype=np.int64)
+    has_parent = parent[last_cols] >= 0
+    fund_parent[has_parent] = col_to_fund[parent[last_cols[has_parent]]]
+    true_nnz = np.add.reduceat(column_counts, first_cols).astype(np.float64)
+    below = (column_counts[last_cols] - 1).astype(np.float64)
+    columns = widths.astype(np.float64)
+    keep = np.ones(n_fund + 1, dtype=bool)
+    for j in range(n_fund - 2, -1, -1):
+        if fund_parent[j] != j + 1:
+            continue
+        k = j + 1  # first fundamental supernode of the merged block that starts at j + 1
+        total_columns = columns[j] + columns[k]
+        padded = total_columns * (total_columns + 1) / 2 + total_columns * below[k]
+        zeros = (padded - true_nnz[j] - true_nnz[k]) / padded
+        if (
+            total_columns <= RELAX_COLUMNS[0]
+            or (total_columns <= RELAX_COLUMNS[1] and zeros < RELAX_ZEROS[0])
+            or (total_columns <= RELAX_COLUMNS[2] and zeros < RELAX_ZEROS[1])
+            or zeros < RELAX_ZEROS[2]
+        ):
+            keep[k] = False
+            columns[j] = total_columns
+            true_nnz[j] += true_nnz[k]
+            below[j] = below[k]
+    return sn_start[keep]
 
 
 def factorize(symbolic: Symbolic, values: np.ndarray) -> tuple[np.ndarray, int]:
-    """Numeric factor values of L (column layout); second output the failing pivot (-1 when
-    SPD). Supernodal: dense blocks, each updated by its descendants' blocks (see
-    `_numeric_supernodal`)."""
+    """Numeric factor L in the supernodal block layout (the representation every other function
+    here takes); second output the failing pivot (-1 when SPD). Supernodal: dense blocks, each
+    updated by its descendants' blocks (see `_numeric_supernodal`)."""
     s = symbolic
     x = np.bincount(s.x_map, weights=values, minlength=int(s.sn_xptr[-1]))
     failed = _numeric_supernodal(
-        s.sn_start, s.sn_xptr, s.col_to_sn, s.l_indptr, s.l_indices, x, GEMM_MIN
+        s.sn_start, s.sn_xptr, s.col_to_sn, s.sn_rowptr, s.sn_rows, x, GEMM_MIN, LAPACK_MIN
     )
-    return x[s.l_to_x], int(failed)
+    return x, int(failed)
 
 
 def factorize_simplicial(symbolic: Symbolic, values: np.ndarray) -> tuple[np.ndarray, int]:
     """`factorize` by the up-looking simplicial algorithm, column by column (the reference the
-    supernodal kernel is tested against)."""
+    supernodal kernel is tested against), returned in the same block layout."""
     s = symbolic
     cx = np.zeros(len(s.c_indices))
     np.add.at(cx, s.c_map, values)
@@ -221,49 +341,135 @@ def factorize_simplicial(symbolic: Symbolic, values: np.ndarray) -> tuple[np.nda
         s.n, s.c_indptr, s.c_indices, cx, s.row_indptr, s.row_columns, s.row_slots, s.l_indptr,
         s.l_indices, lx,
     )  # fmt: skip
-    return lx, int(failed)
+    x = np.zeros(int(s.sn_xptr[-1]))
+    x[s.l_to_x] = lx
+    return x, int(failed)
 
 
-def logdet(symbolic: Symbolic, lx: np.ndarray) -> float:
+def logdet(symbolic: Symbolic, x: np.ndarray) -> float:
     """log det A = 2 Σ log L_jj."""
-    return float(2.0 * np.log(lx[symbolic.l_indptr[:-1]]).sum())
+    return float(2.0 * np.log(x[symbolic.diag_slots]).sum())
 
 
-def solve(symbolic: Symbolic, lx: np.ndarray, b: np.ndarray) -> np.ndarray:
+def _blocks(symbolic: Symbolic):
+    s = symbolic
+    return s.sn_start, s.sn_xptr, s.sn_rowptr, s.sn_rows
+
+
+def solve(symbolic: Symbolic, x: np.ndarray, b: np.ndarray) -> np.ndarray:
     """A⁻¹ b for b of shape (n,) or (n, k)."""
     s = symbolic
     y = np.ascontiguousarray(b[s.perm].reshape(s.n, -1), dtype=np.float64)
-    _forward(s.n, s.l_indptr, s.l_indices, lx, y)
-    _backward(s.n, s.l_indptr, s.l_indices, lx, y)
+    _forward_blocks(*_blocks(s), x, y)
+    _backward_blocks(*_blocks(s), x, y)
     out = np.empty_like(y)
     out[s.perm] = y
     return out.reshape(b.shape)
 
 
-def sample(symbolic: Symbolic, lx: np.ndarray, z: np.ndarray) -> np.ndarray:
+def sample(symbolic: Symbolic, x: np.ndarray, z: np.ndarray) -> np.ndarray:
     """Pᵀ L⁻ᵀ z: for z ~ N(0, I) (shape (n,) or (n, k)) a draw from N(0, A⁻¹)."""
     s = symbolic
-    # a copy: _backward works in place, and z (an Op's input) must not change
+    # a copy: the solve works in place, and z (an Op's input) must not change
     y = np.array(z.reshape(s.n, -1), dtype=np.float64, order="C")
-    _backward(s.n, s.l_indptr, s.l_indices, lx, y)
+    _backward_blocks(*_blocks(s), x, y)
     out = np.empty_like(y)
     out[s.perm] = y
     return out.reshape(z.shape)
 
 
-def forward_permuted(symbolic: Symbolic, lx: np.ndarray, u: np.ndarray) -> np.ndarray:
+def forward_permuted(symbolic: Symbolic, x: np.ndarray, u: np.ndarray) -> np.ndarray:
     """L⁻¹ P u, the adjoint of :func:`sample` (u of shape (n,) or (n, k))."""
     s = symbolic
     y = np.ascontiguousarray(u[s.perm].reshape(s.n, -1), dtype=np.float64)
-    _forward(s.n, s.l_indptr, s.l_indices, lx, y)
+    _forward_blocks(*_blocks(s), x, y)
     return y.reshape(u.shape)
 
 
-def selected_inverse(symbolic: Symbolic, lx: np.ndarray) -> np.ndarray:
-    """(A⁻¹)_ij at every user entry (i, j) of the pattern (Takahashi recurrences on L)."""
+def selected_inverse(symbolic: Symbolic, x: np.ndarray) -> np.ndarray:
+    """(A⁻¹)_ij at every user entry (i, j) of the pattern: the Takahashi recurrences on L's
+    supernodes, dense products on each block (see `_selinv_supernodal`)."""
     s = symbolic
-    z = _takahashi(s.n, s.l_indptr, s.l_indices, lx, s.max_column)
+    z = _selinv_supernodal(s.sn_start, s.sn_xptr, s.col_to_sn, s.sn_rowptr, s.sn_rows, x, GEMM_MIN)
+    return z[s.x_map]
+
+
+def selected_inverse_simplicial(symbolic: Symbolic, x: np.ndarray) -> np.ndarray:
+    """`selected_inverse` by the column recurrences (the reference the supernodal kernel is
+    tested against)."""
+    s = symbolic
+    z = _takahashi(s.n, s.l_indptr, s.l_indices, x[s.l_to_x], s.max_column)
     return z[s.l_map]
+
+
+def _postorder(n, parent, weight):
+    """A postorder of the forest `parent`, each node's children visited by increasing
+    `weight` (so the heaviest comes last, just before its parent)."""
+    nodes = np.arange(n, dtype=np.int64)
+    order = np.lexsort((weight, parent))  # by parent, then weight; roots (parent -1) first
+    order = order[parent[order] >= 0]
+    child_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(parent[parent >= 0], minlength=n), out=child_ptr[1:])
+    roots = nodes[parent < 0]
+    roots = roots[np.argsort(weight[roots], kind="stable")]
+    return _postorder_kernel(n, child_ptr, order, roots)
+
+
+@_jit
+def _postorder_kernel(n, child_ptr, children, roots):
+    out = np.empty(n, dtype=np.int64)
+    stack = np.empty(n, dtype=np.int64)
+    next_child = child_ptr[:-1].copy()
+    k = 0
+    for root in roots:
+        top = 0
+        stack[0] = root
+        while top >= 0:
+            node = stack[top]
+            if next_child[node] < child_ptr[node + 1]:
+                top += 1
+                stack[top] = children[next_child[node]]
+                next_child[node] += 1
+            else:
+                out[k] = node
+                k += 1
+                top -= 1
+    return out
+
+
+@_jit
+def _supernode_rows(sn_start, sn_rowptr, l_indptr, l_indices):
+    """Rows of each supernode's block: its columns, then the rows of its last column below
+    the diagonal."""
+    rows = np.empty(sn_rowptr[-1], dtype=np.int64)
+    for s in range(sn_start.size - 1):
+        f, end = sn_start[s], sn_start[s + 1]
+        q = sn_rowptr[s]
+        for j in range(f, end):
+            rows[q] = j
+            q += 1
+        for p in range(l_indptr[end - 1] + 1, l_indptr[end]):
+            rows[q] = l_indices[p]
+            q += 1
+    return rows
+
+
+@_jit
+def _entry_slots(sn_start, sn_rowptr, sn_rows, sn_xptr, col_to_sn, l_indptr, l_indices):
+    """Slot in the supernodal blocks of each entry of L's column layout (rows sorted in both,
+    so one merge per column)."""
+    n = col_to_sn.size
+    slots = np.empty(l_indptr[n], dtype=np.int64)
+    for j in range(n):
+        s = col_to_sn[j]
+        f = sn_start[s]
+        w = sn_start[s + 1] - f
+        q = sn_rowptr[s] + (j - f)
+        for p in range(l_indptr[j], l_indptr[j + 1]):
+            while sn_rows[q] != l_indices[p]:
+                q += 1
+            slots[p] = sn_xptr[s] + (q - sn_rowptr[s]) * w + (j - f)
+    return slots
 
 
 # --- kernels ---------------------------------------------------------------------------------
@@ -373,10 +579,13 @@ def _numeric(
 
 #: Below this many multiply-adds a block update runs as loops; above, as one matrix product.
 GEMM_MIN = 4096
+#: Supernodes at least this wide factorize their diagonal block and the rows below by LAPACK
+#: potrf and BLAS trsm; narrower ones by loops.
+LAPACK_MIN = 16
 
 
 @_jit
-def _numeric_supernodal(sn_start, sn_xptr, col_to_sn, l_indptr, l_indices, x, gemm_min):
+def _numeric_supernodal(sn_start, sn_xptr, col_to_sn, sn_rowptr, sn_rows, x, gemm_min, lapack_min):
     """Left-looking supernodal Cholesky, in place on the blocks `x` (assembled from A).
 
     Supernode s (columns [f, l), rows R_s, block B_s of shape (|R_s|, l − f)) receives, from
@@ -393,50 +602,78 @@ def _numeric_supernodal(sn_start, sn_xptr, col_to_sn, l_indptr, l_indices, x, ge
     following = np.full(n_super, -1, dtype=np.int64)
     position = np.zeros(n_super, dtype=np.int64)
     local = np.zeros(n, dtype=np.int64)
+    # Fortran arguments of potrf/trsm: the characters "L", "N", "U", "T" (one byte each, in
+    # int32s), then the sizes and info; alpha = 1
+    ints = np.array([76, 78, 85, 84, 0, 0, 0], dtype=np.int32)
+    one = np.ones(1)
     for s in range(n_super):
         f = sn_start[s]
         w = sn_start[s + 1] - f
-        r0 = l_indptr[f]
-        height = l_indptr[f + 1] - r0
+        r0 = sn_rowptr[s]
+        height = sn_rowptr[s + 1] - r0
         block = x[sn_xptr[s] : sn_xptr[s] + height * w].reshape(height, w)
         for r in range(height):
-            local[l_indices[r0 + r]] = r
+            local[sn_rows[r0 + r]] = r
         d = head[s]
         while d != -1:
             next_d = following[d]
             fd = sn_start[d]
             wd = sn_start[d + 1] - fd
-            rd0 = l_indptr[fd]
-            height_d = l_indptr[fd + 1] - rd0
+            rd0 = sn_rowptr[d]
+            height_d = sn_rowptr[d + 1] - rd0
             source = x[sn_xptr[d] : sn_xptr[d] + height_d * wd].reshape(height_d, wd)
             p1 = position[d]
             p2 = p1
-            while p2 < height_d and l_indices[rd0 + p2] < f + w:
+            while p2 < height_d and sn_rows[rd0 + p2] < f + w:
                 p2 += 1
             m1 = height_d - p1
             m2 = p2 - p1
             if wd * m1 * m2 >= gemm_min:
-                update = np.dot(source[p1:, :], source[p1:p2, :].T)
+                # contiguous row ranges of the block, so the product is one BLAS call
+                start = sn_xptr[d] + p1 * wd
+                lower = x[start : start + m1 * wd].reshape(m1, wd)
+                upper = x[start : start + m2 * wd].reshape(m2, wd)
+                update = np.dot(lower, upper.T)
                 for b in range(m2):
-                    col = l_indices[rd0 + p1 + b] - f
+                    col = sn_rows[rd0 + p1 + b] - f
                     for a in range(b, m1):
-                        block[local[l_indices[rd0 + p1 + a]], col] -= update[a, b]
+                        block[local[sn_rows[rd0 + p1 + a]], col] -= update[a, b]
             else:
                 for b in range(m2):
-                    col = l_indices[rd0 + p1 + b] - f
+                    col = sn_rows[rd0 + p1 + b] - f
                     for a in range(b, m1):
                         total = 0.0
                         for k in range(wd):
                             total += source[p1 + a, k] * source[p1 + b, k]
-                        block[local[l_indices[rd0 + p1 + a]], col] -= total
+                        block[local[sn_rows[rd0 + p1 + a]], col] -= total
             if p2 < height_d:
-                t = col_to_sn[l_indices[rd0 + p2]]
+                t = col_to_sn[sn_rows[rd0 + p2]]
                 position[d] = p2
                 following[d] = head[t]
                 head[t] = d
             d = next_d
+        if w >= lapack_min:
+            # LAPACK on the block seen column-major as Bᵀ (w × height, leading dimension w):
+            # Bᵀ's upper triangle is B's lower one, so potrf("U") gives U = Lᵀ in place, and
+            # the rows below, B_R ← B_R L⁻ᵀ, are Bᵀ_R ← U⁻ᵀ Bᵀ_R (trsm "L", "U", "T").
+            base = x[sn_xptr[s] :].ctypes.data
+            ints[4] = w
+            ints[5] = height - w
+            ints[6] = 0
+            _dpotrf(ints[2:].ctypes.data, ints[4:].ctypes.data, base, ints[4:].ctypes.data,
+                    ints[6:].ctypes.data)  # fmt: skip
+            if ints[6] != 0:
+                return f + ints[6] - 1
+            for j in range(w):
+                if not block[j, j] > 0.0:  # NaN (some LAPACKs let it through)
+                    return f + j
+            if height > w:
+                _dtrsm(ints[0:].ctypes.data, ints[2:].ctypes.data, ints[3:].ctypes.data,
+                       ints[1:].ctypes.data, ints[4:].ctypes.data, ints[5:].ctypes.data,
+                       one.ctypes.data, base, ints[4:].ctypes.data, base + 8 * w * w,
+                       ints[4:].ctypes.data)  # fmt: skip
         # the diagonal block's Cholesky and the rows below, column by column
-        for j in range(w):
+        for j in range(w if w < lapack_min else 0):
             total = block[j, j]
             for k in range(j):
                 total -= block[j, k] * block[j, k]
@@ -450,39 +687,113 @@ def _numeric_supernodal(sn_start, sn_xptr, col_to_sn, l_indptr, l_indices, x, ge
                     total -= block[i, k] * block[j, k]
                 block[i, j] = total / diagonal
         if height > w:
-            t = col_to_sn[l_indices[r0 + w]]
+            t = col_to_sn[sn_rows[r0 + w]]
             position[s] = w
             following[s] = head[t]
             head[t] = s
-    return -1
+    return -1 if ints[0] == 76 and one[0] == 1.0 else -2  # (keeps both arrays alive)
 
 
 @_jit
-def _forward(n, l_indptr, l_indices, lx, y):
-    """y ← L⁻¹ y in place (y of shape (n, m))."""
-    m = y.shape[1]
-    for j in range(n):
-        diag = lx[l_indptr[j]]
-        for c in range(m):
-            y[j, c] /= diag
-        for p in range(l_indptr[j] + 1, l_indptr[j + 1]):
-            i = l_indices[p]
-            for c in range(m):
-                y[i, c] -= lx[p] * y[j, c]
+def _forward_blocks_vector(sn_start, sn_xptr, sn_rowptr, sn_rows, x, y):
+    """`_forward_blocks` for one right-hand side (scalar accumulators)."""
+    for s in range(sn_start.size - 1):
+        f = sn_start[s]
+        w = sn_start[s + 1] - f
+        r0 = sn_rowptr[s]
+        base = sn_xptr[s]
+        for r in range(sn_rowptr[s + 1] - r0):
+            acc = 0.0
+            row = base + r * w
+            for c in range(min(r, w)):
+                acc += x[row + c] * y[f + c]
+            if r < w:
+                y[f + r] = (y[f + r] - acc) / x[row + r]
+            else:
+                y[sn_rows[r0 + r]] -= acc
 
 
 @_jit
-def _backward(n, l_indptr, l_indices, lx, y):
-    """y ← L⁻ᵀ y in place (y of shape (n, m))."""
+def _backward_blocks_vector(sn_start, sn_xptr, sn_rowptr, sn_rows, x, y):
+    """`_backward_blocks` for one right-hand side."""
+    for s in range(sn_start.size - 2, -1, -1):
+        f = sn_start[s]
+        w = sn_start[s + 1] - f
+        r0 = sn_rowptr[s]
+        base = sn_xptr[s]
+        for r in range(w, sn_rowptr[s + 1] - r0):
+            value = y[sn_rows[r0 + r]]
+            row = base + r * w
+            for c in range(w):
+                y[f + c] -= x[row + c] * value
+        for r in range(w - 1, -1, -1):
+            row = base + r * w
+            value = y[f + r] / x[row + r]
+            y[f + r] = value
+            for c in range(r):
+                y[f + c] -= x[row + c] * value
+
+
+@_jit
+def _forward_blocks(sn_start, sn_xptr, sn_rowptr, sn_rows, x, y):
+    """y ← L⁻¹ y in place (y of shape (n, m)), supernode by supernode: the diagonal block's
+    triangular solve, then y[R] −= L_RJ y[J], both along the blocks' rows (contiguous)."""
     m = y.shape[1]
-    for j in range(n - 1, -1, -1):
-        for p in range(l_indptr[j] + 1, l_indptr[j + 1]):
-            i = l_indices[p]
-            for c in range(m):
-                y[j, c] -= lx[p] * y[i, c]
-        diag = lx[l_indptr[j]]
-        for c in range(m):
-            y[j, c] /= diag
+    if m == 1:
+        _forward_blocks_vector(sn_start, sn_xptr, sn_rowptr, sn_rows, x, y[:, 0])
+        return
+    acc = np.empty(m)
+    for s in range(sn_start.size - 1):
+        f = sn_start[s]
+        w = sn_start[s + 1] - f
+        r0 = sn_rowptr[s]
+        height = sn_rowptr[s + 1] - r0
+        block = x[sn_xptr[s] : sn_xptr[s] + height * w].reshape(height, w)
+        for r in range(height):
+            for k in range(m):
+                acc[k] = 0.0
+            for c in range(min(r, w)):
+                value = block[r, c]
+                for k in range(m):
+                    acc[k] += value * y[f + c, k]
+            if r < w:
+                diag = block[r, r]
+                for k in range(m):
+                    y[f + r, k] = (y[f + r, k] - acc[k]) / diag
+            else:
+                i = sn_rows[r0 + r]
+                for k in range(m):
+                    y[i, k] -= acc[k]
+
+
+@_jit
+def _backward_blocks(sn_start, sn_xptr, sn_rowptr, sn_rows, x, y):
+    """y ← L⁻ᵀ y in place (y of shape (n, m)), supernodes from last to first: y[J] −= L_RJᵀ y[R],
+    then the diagonal block's transposed triangular solve, along the blocks' rows."""
+    m = y.shape[1]
+    if m == 1:
+        _backward_blocks_vector(sn_start, sn_xptr, sn_rowptr, sn_rows, x, y[:, 0])
+        return
+    for s in range(sn_start.size - 2, -1, -1):
+        f = sn_start[s]
+        w = sn_start[s + 1] - f
+        r0 = sn_rowptr[s]
+        height = sn_rowptr[s + 1] - r0
+        block = x[sn_xptr[s] : sn_xptr[s] + height * w].reshape(height, w)
+        for r in range(w, height):
+            i = sn_rows[r0 + r]
+            for c in range(w):
+                value = block[r, c]
+                for k in range(m):
+                    y[f + c, k] -= value * y[i, k]
+        for r in range(w - 1, -1, -1):
+            diag = block[r, r]
+            for k in range(m):
+                y[f + r, k] /= diag
+            for c in range(r):
+                value = block[r, c]
+                for k in range(m):
+                    y[f + c, k] -= value * y[f + r, k]
 
 
 @_jit
@@ -516,6 +827,133 @@ def _takahashi(n, l_indptr, l_indices, lx, max_column):
             z[p0 + 1 + a] = value
             total += lx[p0 + 1 + a] * value
         z[p0] = (1.0 / diag - total) / diag
+    return z
+
+
+@_jit
+def _selinv_supernodal(sn_start, sn_xptr, col_to_sn, sn_rowptr, sn_rows, x, gemm_min):
+    """Z = (L Lᵀ)⁻¹ on the supernodal blocks of L (`x`, row-major (height, width) blocks), from
+    the last supernode to the first.
+
+    For supernode J (columns J, rows R below its diagonal block), block row J of Lᵀ Z = L⁻¹
+    reads L_JJᵀ Z_J· + L_RJᵀ Z_R· = (L⁻¹)_J·. Its columns in R (where L⁻¹ is zero) and in J
+    give, with Y = L_RJ L_JJ⁻¹,
+
+        Z_RJ = −Z_RR Y,        Z_JJ = (L_JJ L_JJᵀ)⁻¹ − Yᵀ Z_RJ.
+
+    R is a clique of the filled graph, so Z_RR lies on L's pattern, in the blocks of later
+    supernodes (already computed): it is gathered into a dense |R| × |R| matrix, the row
+    positions found by one merge through each later supernode's rows that R touches. Then the
+    three products are matrix products (BLAS) when they reach `gemm_min` multiply-adds, loops
+    below. Cost: per supernode |R|²|J| + |R||J|² + |J|³/3 multiply-adds, the same order as
+    the factorization's updates from it.
+    """
+    n_super = sn_start.size - 1
+    z = np.zeros(x.size)
+    max_height = 0
+    for s in range(n_super):
+        f = sn_start[s]
+        height = sn_rowptr[s + 1] - sn_rowptr[s]
+        if height > max_height:
+            max_height = height
+    gather_buffer = np.empty(max_height * max_height)
+    y_buffer = np.empty(max_height * max_height)
+    inner_buffer = np.empty(max_height * max_height)
+    position = np.empty(max_height, dtype=np.int64)
+    for s in range(n_super - 1, -1, -1):
+        f = sn_start[s]
+        w = sn_start[s + 1] - f
+        r0 = sn_rowptr[s]
+        height = sn_rowptr[s + 1] - r0
+        m = height - w
+        block = x[sn_xptr[s] : sn_xptr[s] + height * w].reshape(height, w)
+        out = z[sn_xptr[s] : sn_xptr[s] + height * w].reshape(height, w)
+        # T = L_JJ⁻¹ (lower triangular), in the top of `out` for now
+        for c in range(w):
+            out[c, c] = 1.0 / block[c, c]
+            for r in range(c + 1, w):
+                total = 0.0
+                for k in range(c, r):
+                    total += block[r, k] * out[k, c]
+                out[r, c] = -total / block[r, r]
+        if m > 0:
+            # Y = L_RJ T
+            y = y_buffer[: m * w].reshape(m, w)
+            for i in range(m):  # along rows of T (contiguous): y_i = Σ_k L_ik T[k, :k+1]
+                for c in range(w):
+                    y[i, c] = 0.0
+                for k in range(w):
+                    lik = block[w + i, k]
+                    for c in range(k + 1):
+                        y[i, c] += lik * out[k, c]
+            # gather Z_RR: the rows of R, supernode by supernode of R's columns
+            gather = gather_buffer[: m * m].reshape(m, m)
+            ib = 0
+            while ib < m:
+                b = sn_rows[r0 + w + ib]
+                t = col_to_sn[b]
+                ft = sn_start[t]
+                wt = sn_start[t + 1] - ft
+                rt0 = sn_rowptr[t]
+                ht = sn_rowptr[t + 1] - rt0
+                q = wt
+                for ia in range(ib, m):
+                    a = sn_rows[r0 + w + ia]
+                    if a < ft + wt:
+                        position[ia] = a - ft
+                    else:
+                        while sn_rows[rt0 + q] != a:
+                            q += 1
+                        position[ia] = q
+                ie = ib
+                while ie < m and sn_rows[r0 + w + ie] < ft + wt:
+                    ie += 1
+                zt = z[sn_xptr[t] : sn_xptr[t] + ht * wt].reshape(ht, wt)
+                for jb in range(ib, ie):
+                    cb = sn_rows[r0 + w + jb] - ft
+                    for ia in range(jb, m):
+                        value = zt[position[ia], cb]
+                        gather[ia, jb] = value
+                        gather[jb, ia] = value
+                ib = ie
+            # Z_RJ = −Z_RR Y
+            if m * m * w >= gemm_min:
+                product = np.dot(gather, y)
+                for i in range(m):
+                    for c in range(w):
+                        out[w + i, c] = -product[i, c]
+            else:
+                for i in range(m):
+                    for c in range(w):
+                        total = 0.0
+                        for k in range(m):
+                            total += gather[i, k] * y[k, c]
+                        out[w + i, c] = -total
+        # Z_JJ = Tᵀ T − Yᵀ Z_RJ (lower triangle, then mirrored)
+        inner = inner_buffer[: w * w].reshape(w, w)
+        for c in range(w):
+            for r in range(c, w):
+                total = 0.0
+                for k in range(r, w):
+                    total += out[k, r] * out[k, c]
+                inner[r, c] = total
+        if m > 0:
+            if m * w * w >= gemm_min:
+                correction = np.dot(y.T, np.ascontiguousarray(out[w:, :]))
+                for c in range(w):
+                    for r in range(c, w):
+                        inner[r, c] -= correction[r, c]
+            else:
+                for c in range(w):
+                    for r in range(c, w):
+                        total = 0.0
+                        for i in range(m):
+                            total += y[i, r] * out[w + i, c]
+                        inner[r, c] -= total
+        for c in range(w):
+            for r in range(c, w):
+                out[r, c] = inner[r, c]
+                out[c, r] = inner[r, c]
     return z
 
 
