@@ -585,6 +585,21 @@ LAPACK_MIN = 16
 
 
 @_jit
+def _supernode(s, sn_start, sn_rowptr):
+    """Supernode s's first column f, width w, offset r0 of its row list and height (rows)."""
+    f = sn_start[s]
+    w = sn_start[s + 1] - f
+    r0 = sn_rowptr[s]
+    return f, w, r0, sn_rowptr[s + 1] - r0
+
+
+@_jit
+def _block(x, s, sn_xptr, height, w):
+    """Supernode s's (height × w) block of the factor values x (row-major), as a view."""
+    return x[sn_xptr[s] : sn_xptr[s] + height * w].reshape(height, w)
+
+
+@_jit
 def _numeric_supernodal(sn_start, sn_xptr, col_to_sn, sn_rowptr, sn_rows, x, gemm_min, lapack_min):
     """Left-looking supernodal Cholesky, in place on the blocks `x` (assembled from A).
 
@@ -607,11 +622,8 @@ def _numeric_supernodal(sn_start, sn_xptr, col_to_sn, sn_rowptr, sn_rows, x, gem
     ints = np.array([76, 78, 85, 84, 0, 0, 0], dtype=np.int32)
     one = np.ones(1)
     for s in range(n_super):
-        f = sn_start[s]
-        w = sn_start[s + 1] - f
-        r0 = sn_rowptr[s]
-        height = sn_rowptr[s + 1] - r0
-        block = x[sn_xptr[s] : sn_xptr[s] + height * w].reshape(height, w)
+        f, w, r0, height = _supernode(s, sn_start, sn_rowptr)
+        block = _block(x, s, sn_xptr, height, w)
         for r in range(height):
             local[sn_rows[r0 + r]] = r
         d = head[s]
@@ -698,11 +710,9 @@ def _numeric_supernodal(sn_start, sn_xptr, col_to_sn, sn_rowptr, sn_rows, x, gem
 def _forward_blocks_vector(sn_start, sn_xptr, sn_rowptr, sn_rows, x, y):
     """`_forward_blocks` for one right-hand side (scalar accumulators)."""
     for s in range(sn_start.size - 1):
-        f = sn_start[s]
-        w = sn_start[s + 1] - f
-        r0 = sn_rowptr[s]
+        f, w, r0, height = _supernode(s, sn_start, sn_rowptr)
         base = sn_xptr[s]
-        for r in range(sn_rowptr[s + 1] - r0):
+        for r in range(height):
             acc = 0.0
             row = base + r * w
             for c in range(min(r, w)):
@@ -717,11 +727,9 @@ def _forward_blocks_vector(sn_start, sn_xptr, sn_rowptr, sn_rows, x, y):
 def _backward_blocks_vector(sn_start, sn_xptr, sn_rowptr, sn_rows, x, y):
     """`_backward_blocks` for one right-hand side."""
     for s in range(sn_start.size - 2, -1, -1):
-        f = sn_start[s]
-        w = sn_start[s + 1] - f
-        r0 = sn_rowptr[s]
+        f, w, r0, height = _supernode(s, sn_start, sn_rowptr)
         base = sn_xptr[s]
-        for r in range(w, sn_rowptr[s + 1] - r0):
+        for r in range(w, height):
             value = y[sn_rows[r0 + r]]
             row = base + r * w
             for c in range(w):
@@ -744,11 +752,8 @@ def _forward_blocks(sn_start, sn_xptr, sn_rowptr, sn_rows, x, y):
         return
     acc = np.empty(m)
     for s in range(sn_start.size - 1):
-        f = sn_start[s]
-        w = sn_start[s + 1] - f
-        r0 = sn_rowptr[s]
-        height = sn_rowptr[s + 1] - r0
-        block = x[sn_xptr[s] : sn_xptr[s] + height * w].reshape(height, w)
+        f, w, r0, height = _supernode(s, sn_start, sn_rowptr)
+        block = _block(x, s, sn_xptr, height, w)
         for r in range(height):
             for k in range(m):
                 acc[k] = 0.0
@@ -775,11 +780,8 @@ def _backward_blocks(sn_start, sn_xptr, sn_rowptr, sn_rows, x, y):
         _backward_blocks_vector(sn_start, sn_xptr, sn_rowptr, sn_rows, x, y[:, 0])
         return
     for s in range(sn_start.size - 2, -1, -1):
-        f = sn_start[s]
-        w = sn_start[s + 1] - f
-        r0 = sn_rowptr[s]
-        height = sn_rowptr[s + 1] - r0
-        block = x[sn_xptr[s] : sn_xptr[s] + height * w].reshape(height, w)
+        f, w, r0, height = _supernode(s, sn_start, sn_rowptr)
+        block = _block(x, s, sn_xptr, height, w)
         for r in range(w, height):
             i = sn_rows[r0 + r]
             for c in range(w):
@@ -861,13 +863,10 @@ def _selinv_supernodal(sn_start, sn_xptr, col_to_sn, sn_rowptr, sn_rows, x, gemm
     inner_buffer = np.empty(max_height * max_height)
     position = np.empty(max_height, dtype=np.int64)
     for s in range(n_super - 1, -1, -1):
-        f = sn_start[s]
-        w = sn_start[s + 1] - f
-        r0 = sn_rowptr[s]
-        height = sn_rowptr[s + 1] - r0
+        f, w, r0, height = _supernode(s, sn_start, sn_rowptr)
         m = height - w
-        block = x[sn_xptr[s] : sn_xptr[s] + height * w].reshape(height, w)
-        out = z[sn_xptr[s] : sn_xptr[s] + height * w].reshape(height, w)
+        block = _block(x, s, sn_xptr, height, w)
+        out = _block(z, s, sn_xptr, height, w)
         # T = L_JJ⁻¹ (lower triangular), in the top of `out` for now
         for c in range(w):
             out[c, c] = 1.0 / block[c, c]
