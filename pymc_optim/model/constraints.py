@@ -168,7 +168,10 @@ def constrained_mode(objective, z, x0, A: np.ndarray, *, solve):
         multipliers,
         x0=np.zeros(k, dtype=z.dtype),
         method="newton",
-        structure="dense",
+        # one k × k block: its rows are k reverse passes through the inner solve (a dense
+        # structure's vectorized Jacobian of a solver Op does not fit in memory for k > 1)
+        structure="block_diagonal",
+        block_size=k,
     )
     z_c, success = graph_replace([z_of, success_of], {multipliers: lam}, strict=False)
     return z_c, pt.all(success) & pt.all(lam_success)
