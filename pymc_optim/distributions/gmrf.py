@@ -36,7 +36,7 @@ from pytensor.tensor.variable import TensorVariable
 from pymc_optim.linalg import _cholesky
 from pymc_optim.linalg.sparse import SparseFactorSolveOp, SparsePattern
 
-__all__ = ["GMRF", "ICAR", "RW", "ComponentZeroSumTransform"]
+__all__ = ["GMRF", "ICAR", "RW", "ComponentZeroSumTransform", "NullSpaceTransform"]
 
 _LOG_2PI = float(np.log(2 * np.pi))
 
@@ -233,6 +233,16 @@ class RW:
     order : {1, 2}, default 1
     sigma : tensor_like of float, default 1
         Standard deviation of the k-th differences.
+    constraint : {"anchored", "sum_to_zero"}, default "anchored"
+        ``"anchored"``: x_0 = … = x_{k−1} = 0, as above. ``"sum_to_zero"``: the walk is
+        orthogonal to the null space of DᵀD, A x = 0 with A's rows the constant and, for RW2,
+        the (centred) linear trend: INLA's ``constr=TRUE`` (plus, for RW2, the linear
+        constraint INLA leaves to ``extraconstr``), so the density is N(0, σ² (DᵀD)⁺) on that
+        (N − k)-dimensional subspace, normalised with ½ log det*(DᵀD)
+        (= ½ log det(AAᵀ) − log |det A_R|, R the first k indices). It is sampled through
+        :class:`NullSpaceTransform`, and :func:`pymc_optim.marginalize_laplace` integrates over
+        the subspace exactly by conditioning by kriging, keeping H sparse. The same model as
+        ``"anchored"`` up to an intercept (and a linear trend), which the model should carry.
     **kwargs
         Passed to ``pm.CustomDist`` (``dims``, ``observed``, ...).
 
@@ -244,7 +254,7 @@ class RW:
     Raises
     ------
     ValueError
-        If `order` is not 1 or 2, or `n` is not larger than `order`.
+        If `order` is not 1 or 2, `n` is not larger than `order`, or `constraint` is unknown.
 
     Examples
     --------
@@ -256,19 +266,46 @@ class RW:
     ([0.0, 0.0], (6,))
     """
 
-    def __new__(cls, name: str, n: int, *, order: int = 1, sigma=1.0, **kwargs) -> TensorVariable:
-        n, order = _check_rw(n, order)
-        kwargs.setdefault("transform", _CornerTransform(n, np.arange(order, n)))
-        return pm.CustomDist(name, pm.floatX(sigma), **_rw_custom_dist_kwargs(n, order), **kwargs)
+    def __new__(
+        cls, name: str, n: int, *, order: int = 1, sigma=1.0, constraint="anchored", **kwargs
+    ) -> TensorVariable:
+        n, order = _check_rw(n, order, constraint)
+        if constraint == "anchored":
+            kwargs.setdefault("transform", _CornerTransform(n, np.arange(order, n)))
+        else:
+            kwargs.setdefault(
+                "transform", NullSpaceTransform(_rw_null_space(n, order), np.arange(order))
+            )
+        return pm.CustomDist(
+            name, pm.floatX(sigma), **_rw_custom_dist_kwargs(n, order, constraint), **kwargs
+        )
 
     @classmethod
-    def dist(cls, n: int, *, order: int = 1, sigma=1.0, **kwargs) -> TensorVariable:
+    def dist(
+        cls, n: int, *, order: int = 1, sigma=1.0, constraint="anchored", **kwargs
+    ) -> TensorVariable:
         """The unnamed distribution (for ``pm.logp``, ``pm.draw``); same arguments as ``RW``."""
-        n, order = _check_rw(n, order)
-        return pm.CustomDist.dist(pm.floatX(sigma), **_rw_custom_dist_kwargs(n, order), **kwargs)
+        n, order = _check_rw(n, order, constraint)
+        return pm.CustomDist.dist(
+            pm.floatX(sigma), **_rw_custom_dist_kwargs(n, order, constraint), **kwargs
+        )
 
 
-def _check_rw(n, order):
+def _rw_null_space(n: int, order: int) -> np.ndarray:
+    """The (order, n) basis of the null space of DᵀD: constants (and a centred, scaled linear
+    trend for RW2), the rows of the constraint A x = 0 of ``constraint="sum_to_zero"``."""
+    rows = [np.ones(n)]
+    if order == 2:
+        rows.append((np.arange(n) - (n - 1) / 2) / n)
+    return np.vstack(rows)
+
+
+def _check_rw(n, order, constraint="anchored"):
+    if constraint not in ("anchored", "sum_to_zero"):
+        raise ValueError(
+            f'`constraint` must be "anchored" or "sum_to_zero"; got {constraint!r}. A random '
+            "walk without a constraint is improper (flat along constants and, for RW2, lines)."
+        )
     if order not in (1, 2):
         raise ValueError(f"`order` must be 1 (RW1) or 2 (RW2); got {order!r}.")
     if not isinstance(n, int | np.integer) or n <= order:
@@ -279,8 +316,16 @@ def _check_rw(n, order):
     return int(n), int(order)
 
 
-def _rw_custom_dist_kwargs(n: int, order: int) -> dict:
+def _rw_custom_dist_kwargs(n: int, order: int, constraint: str = "anchored") -> dict:
     free = n - order
+    log_pdet = 0.0  # anchored: D on the free values is unit triangular
+    if constraint == "sum_to_zero":
+        # det* DᵀD = det (DᵀD)_FF · det(AAᵀ) / det(A_R)² with R the first `order` values, where
+        # (DᵀD)_FF has determinant 1 (as above) and the rows of A span the null space
+        a = _rw_null_space(n, order)
+        log_pdet = float(
+            np.linalg.slogdet(a @ a.T)[1] - 2 * np.log(abs(np.linalg.det(a[:, :order])))
+        )
 
     def logp(value, sigma):
         # the N − k differences Δᵏx_t, t ≥ k (the anchors x_0..x_{k−1} are the transform's zeros)
@@ -290,6 +335,7 @@ def _rw_custom_dist_kwargs(n: int, order: int) -> dict:
         logp = (
             -0.5 * (differences**2).sum(axis=-1) / sigma**2
             - free * pt.log(sigma)
+            + 0.5 * log_pdet
             - 0.5 * free * _LOG_2PI
         )
         return check_parameters(logp, sigma > 0, msg="sigma > 0")
@@ -299,7 +345,13 @@ def _rw_custom_dist_kwargs(n: int, order: int) -> dict:
         walk = pt.cumsum(steps)
         if order == 2:
             walk = pt.cumsum(walk)
-        return pt.concatenate([pt.zeros((order,)), walk])
+        walk = pt.concatenate([pt.zeros((order,)), walk])
+        if constraint == "sum_to_zero":
+            # the anchored walk projected on {A x = 0}: covariance P G P = σ² (DᵀD)⁺ (G the
+            # inverse of the anchored precision, embedded with zeros at the anchors)
+            a = _rw_null_space(n, order)
+            walk = walk - (walk @ a.T) @ np.linalg.solve(a @ a.T, a)
+        return walk
 
     return _vector_custom_dist("RW", dist, logp, lambda rv, size, sigma: pt.zeros((n,)))
 
@@ -346,6 +398,56 @@ class ComponentZeroSumTransform(Transform):
     def log_jac_det(self, value, *inputs):
         value = pt.as_tensor_variable(value)
         return pt.zeros_like(value[..., 0]) - 0.5 * float(np.log(self.sizes).sum())
+
+    @property
+    def constraint_matrix(self) -> np.ndarray:
+        """A, shape (c, N): the constraint A x = 0 (row k: the indicator of component k), which
+        :func:`pymc_optim.marginalize_laplace` imposes by conditioning by kriging."""
+        return (self.component[None, :] == np.arange(self.sizes.size)[:, None]).astype(float)
+
+
+class NullSpaceTransform(Transform):
+    """ℝ^{N−k} ↔ {x : A x = 0} for a full-rank (k, N) constraint matrix A, for sampling an
+    intrinsic field under linear constraints (e.g. an RW2 orthogonal to its null space).
+
+    backward: y ↦ P E y, E inserting zeros at the k `roots` (A[:, roots] invertible) and
+    P = I − Aᵀ(AAᵀ)⁻¹A the orthogonal projection on the constrained subspace. forward, its
+    inverse on the subspace: x ↦ x_F − x_R A_R⁻ᵀ A_F (x_R, x_F the roots' and the others'
+    values). The volume factor of backward on the subspace is √det(EᵀPE) = |det A_R| /
+    √det(AAᵀ), a constant. :func:`pymc_optim.marginalize_laplace` reads `constraint_matrix`
+    and integrates over the subspace by kriging in the N original coordinates instead.
+
+    Parameters
+    ----------
+    constraint_matrix : array_like, shape (k, N)
+    roots : array_like of int, shape (k,)
+    """
+
+    name = "null_space"
+
+    def __init__(self, constraint_matrix, roots):
+        a = np.atleast_2d(np.asarray(constraint_matrix, dtype=np.float64))
+        self.constraint_matrix = a
+        self.roots = np.asarray(roots, dtype=np.int64)
+        k, n = a.shape
+        keep = np.ones(n, dtype=bool)
+        keep[self.roots] = False
+        self.free = np.flatnonzero(keep)
+        a_r = a[:, self.roots]
+        self._projector = np.linalg.solve(a @ a.T, a)  # (AAᵀ)⁻¹A
+        self._forward = np.linalg.solve(a_r, a[:, self.free])  # A_R⁻¹ A_F
+        self._log_jac = float(np.log(abs(np.linalg.det(a_r))) - 0.5 * np.linalg.slogdet(a @ a.T)[1])
+
+    def forward(self, value, *inputs):
+        value = pt.as_tensor_variable(value)
+        return value[..., self.free] - value[..., self.roots] @ self._forward
+
+    def backward(self, value, *inputs):
+        x = _insert_zeros(pt.as_tensor_variable(value), self.free, self.constraint_matrix.shape[1])
+        return x - (x @ self.constraint_matrix.T) @ self._projector
+
+    def log_jac_det(self, value, *inputs):
+        return pt.zeros_like(pt.as_tensor_variable(value)[..., 0]) + self._log_jac
 
 
 class _CornerTransform(Transform):

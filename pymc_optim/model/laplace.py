@@ -36,6 +36,12 @@ from pymc_optim.linalg import detect
 from pymc_optim.linalg.latent_gaussian import LatentGaussianStructure
 from pymc_optim.linalg.sparse import SparseStructure
 from pymc_optim.linalg.structure import LinearStructure, _finite, as_linear_structure
+from pymc_optim.model.constraints import (
+    constrained_logdet,
+    constrained_mode,
+    constraint_matrix,
+    krige,
+)
 from pymc_optim.model.failure import apply_failure_policy, check_on_failure
 from pymc_optim.model.latent_gaussian import (
     latent_gaussian_mode,
@@ -224,8 +230,17 @@ def marginalize_laplace(
     latent_rvs = _check_latents(model, latent)
     initial_point = model.initial_point()  # once: each call compiles a function
     requested = as_linear_structure(hessian_structure, block_size, "hessian_structure")
+    # latents whose transform is a linear constraint A x = 0 (a sum-to-zero ICAR or RW):
+    # integrated over that subspace by kriging in their N coordinates (model/constraints.py)
+    blocks = [constraint_matrix(model.rvs_to_transforms.get(rv)) for rv in latent_rvs]
+    kriged = any(block is not None for block in blocks)
+    if kriged:
+        _check_kriged_structure(requested, latent_rvs, blocks)
+        _check_kriged_walks(model, latent_rvs, blocks)
     structure = detected = None
-    if requested == "auto" and method == "newton":
+    if kriged:
+        pass  # read off the graph in the N coordinates, below
+    elif requested == "auto" and method == "newton":
         # a large GMRF latent is best sparse; otherwise H = Q + W where the prior can be read
         if _latent_size(model, latent_rvs, initial_point) >= detect.SPARSE_MIN_SIZE:
             detected = _detect_hessian_structure(model, latent_rvs, initial_point, requested)
@@ -233,7 +248,7 @@ def marginalize_laplace(
                 structure = detected
         if structure is None:
             structure = latent_gaussian_structure(model, latent_rvs)
-    if structure is None:
+    if structure is None and not kriged:
         structure = detected or _detect_hessian_structure(
             model, latent_rvs, initial_point, requested
         )
@@ -254,13 +269,18 @@ def marginalize_laplace(
     starts = [
         np.asarray(initial_point[model.rvs_to_values[original].name]) for original in latent_rvs
     ]
+    for i, (original, block) in enumerate(zip(latent_rvs, blocks, strict=True)):
+        if block is not None:  # the constrained latent's own N values
+            transform = model.rvs_to_transforms[original]
+            backward = transform.backward(pt.as_tensor(starts[i]))
+            starts[i] = np.asarray(pytensor.function([], backward, mode=_PYTHON_MODE)())
     x0 = np.concatenate([start.ravel() for start in starts])
     z = pt.tensor(dtype=x0.dtype, shape=x0.shape, name="latent_unconstrained")
     pieces = _split(z, [start.shape for start in starts])
     constrained, log_jacobians = [], []
-    for rv, piece in zip(latent_fg, pieces, strict=True):
+    for rv, piece, block in zip(latent_fg, pieces, blocks, strict=True):
         transform = rv.owner.op.transform
-        if transform is None:
+        if transform is None or block is not None:
             constrained.append(piece)
             log_jacobians.append(pt.constant(0.0))
         else:
@@ -277,7 +297,36 @@ def marginalize_laplace(
         terms.append(_logp(graph_replace(obs_rv, to_constrained, strict=False), data).sum())
     joint = pt.add(*terms)
 
-    if isinstance(structure, LatentGaussianStructure):
+    constraint = None
+    if kriged:
+        constraint = _stacked_constraint(blocks, [start.size for start in starts])
+        structure = _kriged_structure(requested, -joint, z, x0.size)
+    if constraint is not None:
+        z_star, success = constrained_mode(
+            -joint,
+            z,
+            x0,
+            constraint,
+            solve=lambda objective, x, start: minimize(
+                objective,
+                x,
+                x0=start,
+                method=method,
+                structure=structure,
+                optimizer_kwargs=optimizer_kwargs,
+            ),
+        )
+        condition = OptimalityCondition(
+            [z], [], [grad(-joint, z)], symmetric=True, structure=structure
+        )
+        hessian = graph_replace(condition.jacobian(), {z: z_star}, strict=False)
+        # the Gaussian restricted to {A z = 0}: d − k dimensions, log det(VᵀHV)
+        marginal = (
+            graph_replace(joint, {z: z_star}, strict=False)
+            + 0.5 * (x0.size - constraint.shape[0]) * np.log(2 * np.pi)
+            - 0.5 * constrained_logdet(structure, hessian, constraint)
+        )
+    elif isinstance(structure, LatentGaussianStructure):
         # H = Q + diag(w): Q (or the covariance K) read off the prior, w the likelihood's
         # curvature by one reverse pass (exact: the likelihood's Hessian was found diagonal)
         z_star, success, hessian, marginal = latent_gaussian_mode(
@@ -341,6 +390,7 @@ def marginalize_laplace(
         structure=structure,
         recovery_inputs=[z, *placeholders],
         recovery_outputs=recovery_outputs,
+        constraint=constraint,
     )
     marked = marker(marginal, z_star, hessian, success, *params)
 
@@ -534,10 +584,15 @@ def _recovery_draw(node, mode_in, hessian_in, noise, params, mean_correction):
     recovery graph with the parameters `params`: the latent variables and their Deterministics."""
     op = node.op
     _, mode, hessian, *_ = node.inputs
+    constraint = op.constraint
     mean = mode_in
     if mean_correction:
-        mean = mode_in + _mean_correction(op.structure, mode, hessian, mode_in, hessian_in)
+        mean = mode_in + _mean_correction(
+            op.structure, mode, hessian, mode_in, hessian_in, constraint
+        )
     draw = op.structure.sample_gaussian(mean, hessian_in, noise)
+    if constraint is not None:  # N(x_c + δ, H⁻¹) conditioned on A z = 0
+        draw = krige(op.structure, hessian_in, constraint, draw)
     replace = dict(zip(op.recovery_inputs, [draw, *params], strict=True))
     return _replace(op.recovery_outputs, replace)
 
@@ -572,7 +627,7 @@ def _main_axis_order(points: np.ndarray) -> list[int]:
     return list(np.argsort(centred @ np.linalg.svd(centred, full_matrices=False)[2][0]))
 
 
-def _mean_correction(structure, mode, hessian, at_mode, at_hessian):
+def _mean_correction(structure, mode, hessian, at_mode, at_hessian, constraint=None):
     """E[x | θ, y] − x* to first order in the skewness of p(x | θ, y): δ = −H⁻¹ ∇ₓ ½ log det H(x)
     at x* (`at_mode`, with `at_hessian` = H(x*)), a graph of the hyperparameters.
 
@@ -586,8 +641,12 @@ def _mean_correction(structure, mode, hessian, at_mode, at_hessian):
     the selected inverse on H's pattern.
     """
     hessian_of_x = graph_replace(hessian, {mode: at_mode}, strict=False)
+    if constraint is None:
+        logdet = structure.logdet_positive_definite(hessian_of_x)
+    else:  # on {A z = 0}: log det(VᵀHV); the draw is kriged afterwards (P_H H⁻¹ = V(VᵀHV)⁻¹Vᵀ)
+        logdet = constrained_logdet(structure, hessian_of_x, constraint)
     slope = grad(
-        0.5 * structure.logdet_positive_definite(hessian_of_x),
+        0.5 * logdet,
         at_mode,
         disconnected_inputs="ignore",  # H constant in x: no correction
     )
@@ -761,6 +820,7 @@ class LaplaceMarginal(Op):
         recovery_inputs,
         recovery_outputs,
         observed_names=(),
+        constraint=None,
     ):
         self.latent_names = tuple(latent_names)
         self.observed_names = tuple(observed_names)  # integrated out with the latents
@@ -769,6 +829,8 @@ class LaplaceMarginal(Op):
         self.structure = structure
         self.recovery_inputs = list(recovery_inputs)
         self.recovery_outputs = list(recovery_outputs)
+        #: the (k, d) matrix A of the kriging constraint A z = 0 on the flat latent, or None
+        self.constraint = constraint
 
     def make_node(self, marginal, mode, hessian, success, *params):
         inputs = [pt.as_tensor_variable(v) for v in (marginal, mode, hessian, success)]
@@ -975,6 +1037,65 @@ def _check_static_size(model: pm.Model, rv) -> None:
 def _latent_size(model: pm.Model, latent_rvs, start: dict) -> int:
     """The number of unconstrained latent values (`start`: the model's initial point)."""
     return sum(int(np.size(start[model.rvs_to_values[rv].name])) for rv in latent_rvs)
+
+
+#: Evaluates a small constant graph without compiling C (a transform at the initial point).
+_PYTHON_MODE = pytensor.compile.mode.Mode(linker="py", optimizer="fast_compile")
+
+
+def _check_kriged_walks(model: pm.Model, latent_rvs, blocks) -> None:
+    """A sum-to-zero random walk of order 2 (two constraints through a null-space transform) is
+    refused: compiling its kriged marginal's gradient exhausted memory (the OS killed the
+    process), and a crash without a message is worse than an error."""
+    for rv, block in zip(latent_rvs, blocks, strict=True):
+        transform = model.rvs_to_transforms.get(rv)
+        if block is not None and getattr(transform, "name", None) == "null_space":
+            if block.shape[0] > 1:
+                raise NotImplementedError(
+                    f"`latent` {rv.name!r} is a random walk under {block.shape[0]} linear "
+                    "constraints (`constraint='sum_to_zero'` of an RW2): its kriged Laplace "
+                    "marginal is not supported yet (compiling its gradient runs out of memory). "
+                    "Use `constraint='anchored'`, the same increments with the walk's first "
+                    "values fixed at zero."
+                )
+
+
+def _check_kriged_structure(requested, latent_rvs, blocks) -> None:
+    """A constrained latent is kriged on a dense or sparse H (module constraints)."""
+    kind = requested if isinstance(requested, str) else requested.kind
+    if kind not in ("auto", "dense", "sparse"):
+        names = [rv.name for rv, block in zip(latent_rvs, blocks, strict=True) if block is not None]
+        raise ValueError(
+            f"`hessian_structure` must be 'auto', 'dense' or 'sparse' when a latent carries a "
+            f"linear constraint ({names}: a sum-to-zero intrinsic field, integrated over "
+            f"{{A x = 0}} by kriging, whose prior couples its values); got {kind!r}. Pass "
+            "`hessian_structure='auto'`."
+        )
+
+
+def _stacked_constraint(blocks, sizes) -> np.ndarray:
+    """The (k, d) constraint on the flat latent: each latent's A at its offset."""
+    rows, offset = [], 0
+    for block, size in zip(blocks, sizes, strict=True):
+        if block is not None:
+            padded = np.zeros((block.shape[0], sum(sizes)))
+            padded[:, offset : offset + size] = block
+            rows.append(padded)
+        offset += size
+    return np.vstack(rows)
+
+
+def _kriged_structure(requested, objective, z, d: int) -> LinearStructure:
+    """H's layout for a kriged latent, read off the objective in the N coordinates."""
+    kind = requested if isinstance(requested, str) else requested.kind
+    if kind == "dense":
+        return LinearStructure("dense")
+    if kind == "sparse" and isinstance(requested, SparseStructure):
+        return requested
+    found = detect.sparse_hessian_structure(
+        objective, [z], [d], required=kind == "sparse", argument="hessian_structure"
+    )
+    return LinearStructure("dense") if found is None else found
 
 
 def _detect_hessian_structure(
