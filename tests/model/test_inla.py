@@ -434,11 +434,17 @@ def test_mode_search_failure_warns(monkeypatch):
 
 
 def test_large_pareto_k_warns(monkeypatch):
-    """A proposal 5x too narrow (fault injection) gives heavy-tailed weights."""
+    """A proposal 5x too narrow (fault injection) gives heavy-tailed weights. Seeded: k̂ is
+    an estimate, 0.76–1.1 over seeds 1–8, and one unseeded CI run drew k̂ ≤ 0.7."""
     monkeypatch.setattr(inla_module, "_IMPORTANCE_SCALE", 0.2)
     with pytest.warns(pmo.PymcOptimWarning, match=r"Pareto k̂ .* > 0.7.*NUTS"):
         idata = pmo.fit_inla(
-            gaussian_model(), "x", integration="importance", draws=50, progressbar=False
+            gaussian_model(),
+            "x",
+            integration="importance",
+            draws=50,
+            progressbar=False,
+            random_seed=1,
         )
     assert float(idata.inla["pareto_k"]) > 0.7
 
