@@ -182,21 +182,9 @@ def test_marginal_is_the_same_under_numba_and_jax(kind, mode):
     """The latent-Gaussian Newton loop and its structure's solves, compiled by numba (nutpie) and
     JAX (numpyro, blackjax): logp and dlogp equal the C backend's to 1e-10 (measured ≤ 5e-13,
     rounding of a 6-element solve with a 1e-6 jitter)."""
-    import warnings
-
-    marginal = pmo.marginalize_laplace(_model(kind), "f")
-    point = np.array([np.log(0.7)])
-    values = {}
-    for compile_mode in ("FAST_RUN", mode):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # numba's and JAX's own performance notes
-            fn = marginal.logp_dlogp_function(ravel_inputs=True, mode=compile_mode)
-        fn.set_extra_values({})
-        logp, dlogp = fn(point)
-        values[compile_mode] = (float(logp), np.array(dlogp))
-    assert np.isfinite(values["FAST_RUN"][0])
-    assert_allclose(values[mode][0], values["FAST_RUN"][0], rtol=1e-10)
-    assert_allclose(values[mode][1], values["FAST_RUN"][1], rtol=1e-10, atol=1e-12)
+    _assert_backend_agrees(
+        pmo.marginalize_laplace(_model(kind), "f"), np.array([np.log(0.7)]), mode
+    )
 
 
 #: Stan's embedded Laplace + NUTS on the same model and data, 4 chains × 500 draws
@@ -420,16 +408,21 @@ def test_basis_form_is_the_same_under_numba_and_jax(mode):
     """The basis form's A = I + Bᵀ diag(w) B is an ordinary graph inside the Newton loop:
     compiled by numba and JAX, the HSGP marginal's logp and dlogp equal the C backend's to 1e-10
     (rounding of a 8 × 8 Cholesky solve)."""
+    _assert_backend_agrees(pmo.marginalize_laplace(_gp_model("hsgp"), "f"), GP_POINTS[0], mode)
+
+
+def _assert_backend_agrees(marginal, point, mode):
+    """logp and dlogp of `marginal` at `point` compiled by `mode` equal the C backend's to
+    1e-10 (rounding of small solves)."""
     import warnings
 
-    marginal = pmo.marginalize_laplace(_gp_model("hsgp"), "f")
     values = {}
     for compile_mode in ("FAST_RUN", mode):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # numba's and JAX's own performance notes
             fn = marginal.logp_dlogp_function(ravel_inputs=True, mode=compile_mode)
         fn.set_extra_values({})
-        logp, dlogp = fn(GP_POINTS[0])
+        logp, dlogp = fn(point)
         values[compile_mode] = (float(logp), np.array(dlogp))
     assert np.isfinite(values["FAST_RUN"][0])
     assert_allclose(values[mode][0], values["FAST_RUN"][0], rtol=1e-10)
