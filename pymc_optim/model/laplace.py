@@ -238,9 +238,8 @@ def marginalize_laplace(
         _check_kriged_structure(requested, latent_rvs, blocks)
         _check_kriged_walks(model, latent_rvs, blocks)
     structure = detected = None
-    if kriged:
-        pass  # read off the graph in the N coordinates, below
-    elif requested == "auto" and method == "newton":
+    # a kriged latent's structure is read off the graph in its N coordinates, below
+    if not kriged and requested == "auto" and method == "newton":
         # a large GMRF latent is best sparse; otherwise H = Q + W where the prior can be read
         if _latent_size(model, latent_rvs, initial_point) >= detect.SPARSE_MIN_SIZE:
             detected = _detect_hessian_structure(model, latent_rvs, initial_point, requested)
@@ -301,7 +300,6 @@ def marginalize_laplace(
     if kriged:
         constraint = _stacked_constraint(blocks, [start.size for start in starts])
         structure = _kriged_structure(requested, -joint, z, x0.size)
-    if constraint is not None:
         z_star, success = constrained_mode(
             -joint,
             z,
