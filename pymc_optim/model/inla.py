@@ -10,7 +10,6 @@ import numpy as np
 import pymc as pm
 import pytensor
 import pytensor.tensor as pt
-from pytensor.compile.mode import Mode
 from pytensor.gradient import grad
 from pytensor.graph.replace import graph_replace, vectorize_graph
 from pytensor.graph.traversal import ancestors
@@ -19,6 +18,7 @@ from scipy.special import logsumexp
 
 from pymc_optim._warnings import PymcOptimWarning
 from pymc_optim.model.laplace import (
+    _PYTHON_MODE,
     LaplaceMarginal,
     _check_flag,
     _initial_mode,
@@ -80,9 +80,6 @@ _MODE_GTOL = 1e-5
 _MODE_MAXITER = 500
 #: Points per marginal density curve in ``idata.inla``.
 _DENSITY_POINTS = 201
-#: Mode of the small vectorized map to constrained values: Python linker (each Op's numpy
-#: perform), PyTensor's fast_compile rewrites.
-_ONE_SHOT_MODE = Mode(linker="py", optimizer="fast_compile")
 
 
 def fit_inla(
@@ -452,7 +449,7 @@ class _Target:
         # a handful of calls on large batches: numpy's perform, no C module (with a cold
         # compile cache, compiling it to C took ~10 s of gcc at G = 300)
         to_constrained = pytensor.function(
-            [thetas], batched, on_unused_input="ignore", mode=_ONE_SHOT_MODE
+            [thetas], batched, on_unused_input="ignore", mode=_PYTHON_MODE
         )
         names = [v.name for v in marginal_model.unobserved_value_vars if v.name in wanted]
         constrained = to_constrained(start[None])

@@ -1037,7 +1037,9 @@ def _latent_size(model: pm.Model, latent_rvs, start: dict) -> int:
     return sum(int(np.size(start[model.rvs_to_values[rv].name])) for rv in latent_rvs)
 
 
-#: Evaluates a small constant graph without compiling C (a transform at the initial point).
+#: Python linker (each Op's numpy perform) and fast_compile rewrites: for graphs evaluated a few
+#: times (a transform at the initial point, fit_inla's batched map to constrained values),
+#: where compiling C costs more than it saves.
 _PYTHON_MODE = pytensor.compile.mode.Mode(linker="py", optimizer="fast_compile")
 
 
