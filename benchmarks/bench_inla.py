@@ -98,6 +98,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+import arviz as az  # noqa: E402
 import numpy as np  # noqa: E402
 import pymc as pm  # noqa: E402
 from _timing import git_revision, timed  # noqa: E402
@@ -197,11 +198,15 @@ def run(problem: Problem):
     rows = []
     if problem.reference_draws:
         t = time.perf_counter()
-        reference = moments(
-            nuts(problem.make(False), problem.reference_draws, 99, target_accept=0.95),
-            problem.names,
-        )
+        reference_idata = nuts(problem.make(False), problem.reference_draws, 99, target_accept=0.95)
+        reference = moments(reference_idata, problem.names)
         print(f"[{problem.name}] reference run {time.perf_counter() - t:.0f} s", file=sys.stderr)
+        mcse = az.mcse(reference_idata, var_names=problem.names)
+        print(
+            f"[{problem.name}] reference's Monte Carlo error of the means: "
+            + ", ".join(f"{n} {float(mcse[n]) / reference[n][1]:.3f} sd" for n in problem.names),
+            file=sys.stderr,
+        )
     else:  # the stored one, or (none stored) the full-NUTS contender's own run below
         reference = STORED_REFERENCES.get(problem.name)
 
@@ -284,7 +289,7 @@ def main():
         "| max sd error (sd) |"
     )
     print("|---|---|---|---|---|---|")
-    summary = []
+    summary, details = [], []
     for key in wanted:
         problem = problems[key]
         rows = run(problem)
@@ -298,6 +303,17 @@ def main():
                 f"| {mean_error:.3f} | {sd_error:.3f} |",
                 flush=True,
             )
+        # which hyperparameter carries the error: each one's mean and sd against the reference
+        # (whose own Monte Carlo error on the mean is ~sd/√ESS)
+        for _, method, _, ours, reference in rows:
+            parts = []
+            for n, (mean, sd) in ours.items():
+                ref_mean, ref_sd = reference[n]
+                parts.append(
+                    f"{n} {mean:.4f} ± {sd:.4f} (reference {ref_mean:.4f} ± {ref_sd:.4f}, "
+                    f"mean error {(mean - ref_mean) / ref_sd:+.3f} sd)"
+                )
+            details.append(f"{problem.name}, {method}: " + ", ".join(parts))
         line = (
             f"{problem.name}: fit_inla {times['NUTS, full (non-centered)'] / inla_time:.1f}x "
             "faster than full NUTS (target ≥ 20x at G = 300)"
@@ -309,6 +325,7 @@ def main():
             )
         summary.append(line)
     print("\n".join(summary))
+    print("\n".join(details))
 
 
 if __name__ == "__main__":
