@@ -168,7 +168,7 @@ def spectral_oracle(y, difference, noise_sd=0.7):
 def test_gaussian_rw_sum_to_zero_kriged_marginal_is_exact(n, order):
     """RW1 (one constraint) and RW2 (two: constant and linear trend) with
     constraint="sum_to_zero": exact to 1e-8 against the spectral oracle in the eigenbasis of
-    DᵀD (RW1 measured ≤ 1.2e-11 at N = 300), on the dense path (N = 20) and the sparse one
+    DᵀD (measured ≤ 1.2e-11 at N = 300, RW1 and RW2), on the dense path (N = 20) and the sparse one
     (N = 300). RW2's kriged gradient compiles in bounded memory since rewrites/stack_trace.py
     (before: 3.5 GB and a MemoryError inside PyTensor's rewriter at N = 20)."""
     y = np.random.default_rng(1).normal(size=n)
