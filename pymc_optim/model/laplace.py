@@ -236,7 +236,6 @@ def marginalize_laplace(
     kriged = any(block is not None for block in blocks)
     if kriged:
         _check_kriged_structure(requested, latent_rvs, blocks)
-        _check_kriged_walks(model, latent_rvs, blocks)
     structure = detected = None
     # a kriged latent's structure is read off the graph in its N coordinates, below
     if not kriged and requested == "auto" and method == "newton":
@@ -1041,23 +1040,6 @@ def _latent_size(model: pm.Model, latent_rvs, start: dict) -> int:
 #: times (a transform at the initial point, fit_inla's batched map to constrained values),
 #: where compiling C costs more than it saves.
 _PYTHON_MODE = pytensor.compile.mode.Mode(linker="py", optimizer="fast_compile")
-
-
-def _check_kriged_walks(model: pm.Model, latent_rvs, blocks) -> None:
-    """A sum-to-zero random walk of order 2 (two constraints through a null-space transform) is
-    refused: compiling its kriged marginal's gradient exhausted memory (the OS killed the
-    process), and a crash without a message is worse than an error."""
-    for rv, block in zip(latent_rvs, blocks, strict=True):
-        transform = model.rvs_to_transforms.get(rv)
-        if block is not None and getattr(transform, "name", None) == "null_space":
-            if block.shape[0] > 1:
-                raise NotImplementedError(
-                    f"`latent` {rv.name!r} is a random walk under {block.shape[0]} linear "
-                    "constraints (`constraint='sum_to_zero'` of an RW2): its kriged Laplace "
-                    "marginal is not supported yet (compiling its gradient runs out of memory). "
-                    "Use `constraint='anchored'`, the same increments with the walk's first "
-                    "values fixed at zero."
-                )
 
 
 def _check_kriged_structure(requested, latent_rvs, blocks) -> None:
