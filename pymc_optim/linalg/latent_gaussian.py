@@ -97,13 +97,9 @@ class LatentGaussianStructure(LinearStructure):
     basis: bool = False
 
     def __post_init__(self):
-        if self.kind != "latent_gaussian" or self.block_size is not None:
-            raise ValueError(
-                "`LatentGaussianStructure` takes `form` by keyword (its first fields are "
-                f"LinearStructure's `kind` and `block_size`); got kind={self.kind!r}, "
-                f"block_size={self.block_size!r}. Pass e.g. "
-                "`LatentGaussianStructure(form='covariance')`."
-            )
+        self._require_keywords(
+            "latent_gaussian", "`form`", "LatentGaussianStructure(form='covariance')"
+        )
         if self.form not in FORMS:
             raise ValueError(
                 f"`form` must be one of {', '.join(map(repr, FORMS))}; got {self.form!r}."

@@ -31,6 +31,16 @@ class LinearStructure:
     kind: str = "dense"
     block_size: int | None = None
 
+    def _require_keywords(self, kind: str, fields: str, example: str) -> None:
+        """For a subclass whose own `fields` follow `kind` and `block_size`: refuse a positional
+        call, which would put the first of them in `kind`."""
+        if self.kind != kind or self.block_size is not None:
+            raise ValueError(
+                f"`{type(self).__name__}` takes {fields} by keyword (its first fields are "
+                f"LinearStructure's `kind` and `block_size`); got kind={self.kind!r}, "
+                f"block_size={self.block_size!r}. Pass e.g. `{example}`."
+            )
+
     # --- symbolic ------------------------------------------------------------------------------
     def jacobian(self, F: TensorVariable, xs) -> TensorVariable:
         """A in compact form: (n, n) dense, (n,) diagonal, or (G, b, b) blocks."""

@@ -186,12 +186,9 @@ class KKTStructure(LinearStructure):
     hessian: LinearStructure = LinearStructure("diagonal")
 
     def __post_init__(self):
-        if self.kind != "kkt" or self.block_size is not None:
-            raise ValueError(
-                "`KKTStructure` takes `hessian` by keyword (its first fields are "
-                f"LinearStructure's `kind` and `block_size`); got kind={self.kind!r}, "
-                f"block_size={self.block_size!r}."
-            )
+        self._require_keywords(
+            "kkt", "`hessian`", 'KKTStructure(hessian=LinearStructure("diagonal"))'
+        )
         if self.hessian.kind not in ("diagonal", "block_diagonal"):
             raise ValueError(
                 "`hessian` must be a diagonal or block-diagonal LinearStructure (a dense "
