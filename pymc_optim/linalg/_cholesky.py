@@ -119,6 +119,14 @@ class Symbolic:
         "diag_slots",
     )
 
+    def __init__(self, **fields):
+        self.set(**fields)
+
+    def set(self, **fields) -> None:
+        """Set fields by name (the supernodal layout comes after the column layout)."""
+        for name, value in fields.items():
+            setattr(self, name, value)
+
     @property
     def factor_nnz(self) -> int:
         return int(self.l_indptr[-1])
@@ -193,22 +201,14 @@ def analyse(
     np.cumsum(column_counts, out=l_indptr[1:])
     l_indices, row_slots = _factor_slots(n, row_indptr, row_columns, l_indptr)
 
-    symbolic = Symbolic()
-    symbolic.n = n
-    symbolic.perm = perm
-    symbolic.inverse_perm = inverse
-    symbolic.c_indptr = c_indptr
-    symbolic.c_indices = c_indices
-    symbolic.c_map = c_map
-    symbolic.row_indptr = row_indptr
-    symbolic.row_columns = row_columns
-    symbolic.row_slots = row_slots
-    symbolic.l_indptr = l_indptr
-    symbolic.l_indices = l_indices
+    symbolic = Symbolic(
+        n=n, perm=perm, inverse_perm=inverse, c_indptr=c_indptr, c_indices=c_indices,
+        c_map=c_map, row_indptr=row_indptr, row_columns=row_columns, row_slots=row_slots,
+        l_indptr=l_indptr, l_indices=l_indices, max_column=int(column_counts.max()),
+    )  # fmt: skip
     # Slot in L of each user entry: (max, min) of its permuted indices; L's keys are sorted.
     l_keys = np.repeat(np.arange(n, dtype=np.int64), column_counts) * n + l_indices
     symbolic.l_map = np.searchsorted(l_keys, upper_row * n + upper_col)
-    symbolic.max_column = int(column_counts.max())
     _supernodes(symbolic, parent, column_counts, l_keys, upper_row * n + upper_col, relax)
     return symbolic
 
@@ -262,16 +262,13 @@ def _supernodes(symbolic: Symbolic, parent, column_counts, l_keys, user_keys, re
     np.cumsum(widths * heights, out=sn_xptr[1:])
     col_to_sn = np.repeat(np.arange(widths.size, dtype=np.int64), widths)
     sn_rows = _supernode_rows(sn_start, sn_rowptr, l_indptr, l_indices)
-    symbolic.l_to_x = _entry_slots(sn_start, sn_rowptr, sn_rows, sn_xptr, col_to_sn, l_indptr,
-                                   l_indices)  # fmt: skip
-    symbolic.x_map = symbolic.l_to_x[np.searchsorted(l_keys, user_keys)]
-    symbolic.sn_start = sn_start
-    symbolic.col_to_sn = col_to_sn
-    symbolic.sn_xptr = sn_xptr
-    symbolic.sn_rowptr = sn_rowptr
-    symbolic.sn_rows = sn_rows
+    l_to_x = _entry_slots(sn_start, sn_rowptr, sn_rows, sn_xptr, col_to_sn, l_indptr, l_indices)
     local = np.arange(n, dtype=np.int64) - sn_start[col_to_sn]
-    symbolic.diag_slots = sn_xptr[col_to_sn] + local * widths[col_to_sn] + local
+    symbolic.set(
+        l_to_x=l_to_x, x_map=l_to_x[np.searchsorted(l_keys, user_keys)], sn_start=sn_start,
+        col_to_sn=col_to_sn, sn_xptr=sn_xptr, sn_rowptr=sn_rowptr, sn_rows=sn_rows,
+        diag_slots=sn_xptr[col_to_sn] + local * widths[col_to_sn] + local,
+    )  # fmt: skip
 
 
 #: Relaxed amalgamation (CHOLMOD's defaults): a merged supernode of at most RELAX_COLUMNS[k]
@@ -356,33 +353,38 @@ def _blocks(symbolic: Symbolic):
     return s.sn_start, s.sn_xptr, s.sn_rowptr, s.sn_rows
 
 
+def _permuted(symbolic: Symbolic, v: np.ndarray) -> np.ndarray:
+    """P v as a fresh C-contiguous (n, k) array (the sweeps work in place)."""
+    return np.ascontiguousarray(v[symbolic.perm].reshape(symbolic.n, -1), dtype=np.float64)
+
+
+def _unpermuted(symbolic: Symbolic, y: np.ndarray, shape) -> np.ndarray:
+    """Pᵀ y, reshaped to the caller's `shape`."""
+    out = np.empty_like(y)
+    out[symbolic.perm] = y
+    return out.reshape(shape)
+
+
 def solve(symbolic: Symbolic, x: np.ndarray, b: np.ndarray) -> np.ndarray:
     """A⁻¹ b for b of shape (n,) or (n, k)."""
-    s = symbolic
-    y = np.ascontiguousarray(b[s.perm].reshape(s.n, -1), dtype=np.float64)
-    _forward_blocks(*_blocks(s), x, y)
-    _backward_blocks(*_blocks(s), x, y)
-    out = np.empty_like(y)
-    out[s.perm] = y
-    return out.reshape(b.shape)
+    y = _permuted(symbolic, b)
+    _forward_blocks(*_blocks(symbolic), x, y)
+    _backward_blocks(*_blocks(symbolic), x, y)
+    return _unpermuted(symbolic, y, b.shape)
 
 
 def sample(symbolic: Symbolic, x: np.ndarray, z: np.ndarray) -> np.ndarray:
     """Pᵀ L⁻ᵀ z: for z ~ N(0, I) (shape (n,) or (n, k)) a draw from N(0, A⁻¹)."""
-    s = symbolic
     # a copy: the solve works in place, and z (an Op's input) must not change
-    y = np.array(z.reshape(s.n, -1), dtype=np.float64, order="C")
-    _backward_blocks(*_blocks(s), x, y)
-    out = np.empty_like(y)
-    out[s.perm] = y
-    return out.reshape(z.shape)
+    y = np.array(z.reshape(symbolic.n, -1), dtype=np.float64, order="C")
+    _backward_blocks(*_blocks(symbolic), x, y)
+    return _unpermuted(symbolic, y, z.shape)
 
 
 def forward_permuted(symbolic: Symbolic, x: np.ndarray, u: np.ndarray) -> np.ndarray:
     """L⁻¹ P u, the adjoint of :func:`sample` (u of shape (n,) or (n, k))."""
-    s = symbolic
-    y = np.ascontiguousarray(u[s.perm].reshape(s.n, -1), dtype=np.float64)
-    _forward_blocks(*_blocks(s), x, y)
+    y = _permuted(symbolic, u)
+    _forward_blocks(*_blocks(symbolic), x, y)
     return y.reshape(u.shape)
 
 

@@ -621,15 +621,12 @@ class SelectedInverseOp(_PatternOp):
         return [grad_not_implemented(self, 0, inputs[0], "second derivatives of log det H")]
 
 
-class SparseSolveOp(_PatternOp):
-    """x = H⁻¹ b, b of shape (n,) or (n, k); for a (B, nnz) batch of matrices b is (B, n).
+class _RightHandSideOp(_PatternOp):
+    """An Op of (values, b) -> an array shaped like b, one `_kernel(symbolic, lx, b)` per matrix
+    from its factor lx (b of shape (n,) or (n, k); (B, n) for a (B, nnz) batch)."""
 
-    Notes
-    -----
-    Pullback of x̄: b̄ = H⁻¹ x̄ (H symmetric), H̄ = −b̄ xᵀ, so ∂/∂values[e] for entry (i, j) is
-    −(b̄_i x_j + b̄_j x_i) off the diagonal and −b̄_i x_i on it (summed over columns of b). Both
-    are graph expressions, so the solve is differentiable to any order in b and the values.
-    """
+    def _kernel(self, symbolic, lx, b):
+        raise NotImplementedError
 
     def make_node(self, values, b):
         values = self._values(values)
@@ -641,13 +638,27 @@ class SparseSolveOp(_PatternOp):
         b = np.asarray(b)
         outputs[0][0] = self._each(
             values,
-            lambda lx, s, rhs: _cholesky.solve(s, lx, rhs),
+            lambda lx, s, rhs: self._kernel(s, lx, rhs),
             b,
             fill_shape=b.shape[values.ndim - 1 :],
         )
 
     def infer_shape(self, fgraph, node, shapes):
         return [shapes[1]]
+
+
+class SparseSolveOp(_RightHandSideOp):
+    """x = H⁻¹ b, b of shape (n,) or (n, k); for a (B, nnz) batch of matrices b is (B, n).
+
+    Notes
+    -----
+    Pullback of x̄: b̄ = H⁻¹ x̄ (H symmetric), H̄ = −b̄ xᵀ, so ∂/∂values[e] for entry (i, j) is
+    −(b̄_i x_j + b̄_j x_i) off the diagonal and −b̄_i x_i on it (summed over columns of b). Both
+    are graph expressions, so the solve is differentiable to any order in b and the values.
+    """
+
+    def _kernel(self, symbolic, lx, b):
+        return _cholesky.solve(symbolic, lx, b)
 
     def L_op(self, inputs, outputs, output_grads):
         values, b = inputs
@@ -664,7 +675,7 @@ class SparseSolveOp(_PatternOp):
         return [-half * product, b_bar]
 
 
-class SparseFactorSolveOp(_PatternOp):
+class SparseFactorSolveOp(_RightHandSideOp):
     """Pᵀ L⁻ᵀ z (``transposed=True``: a draw from N(0, H⁻¹) for z ~ N(0, I)) or L⁻¹ P z.
 
     H = Pᵀ L Lᵀ P with P the fill-reducing permutation, so Cov(Pᵀ L⁻ᵀ z) = H⁻¹. The two
@@ -678,21 +689,9 @@ class SparseFactorSolveOp(_PatternOp):
         super().__init__(pattern)
         self.transposed = bool(transposed)
 
-    def make_node(self, values, z):
-        values = self._values(values)
-        z = self._rhs(z, values)
-        return Apply(self, [values, z], [z.type()])
-
-    def perform(self, node, inputs, outputs):
-        values, z = inputs
-        z = np.asarray(z)
+    def _kernel(self, symbolic, lx, z):
         kernel = _cholesky.sample if self.transposed else _cholesky.forward_permuted
-        outputs[0][0] = self._each(
-            values, lambda lx, s, u: kernel(s, lx, u), z, fill_shape=z.shape[values.ndim - 1 :]
-        )
-
-    def infer_shape(self, fgraph, node, shapes):
-        return [shapes[1]]
+        return kernel(symbolic, lx, z)
 
     def L_op(self, inputs, outputs, output_grads):
         values, z = inputs
