@@ -17,6 +17,8 @@ from pytensor.ifelse import ifelse
 from scipy.special import logsumexp
 
 from pymc_optim._warnings import PymcOptimWarning
+
+# fit_inla is built on laplace's plumbing: its marginal, start, warm starts and latent draws.
 from pymc_optim.model.laplace import (
     _PYTHON_MODE,
     LaplaceMarginal,
@@ -301,15 +303,20 @@ def plot_inla_marginals(idata, var_names=None, *, ax=None, **plot_kwargs):
 
     Examples
     --------
+    Two hyperparameters, the group mean and the groups' spread, give one panel each:
+
     >>> import numpy as np, pymc as pm
     >>> import pymc_optim as pmo
     >>> y = np.array([0.8, 1.9, 0.2, 1.1, 1.5, 0.4])
     >>> with pm.Model() as model:
     ...     mu = pm.Normal("mu", 0.0, 2.0)
-    ...     u = pm.Normal("u", mu, 1.0, shape=6)
+    ...     tau = pm.HalfNormal("tau", 1.0)
+    ...     u = pm.Normal("u", mu, tau, shape=6)
     ...     obs = pm.Normal("y", u, 0.5, observed=y)
     >>> idata = pmo.fit_inla(model, "u", draws=200, random_seed=1, progressbar=False)
     >>> axes = pmo.plot_inla_marginals(idata)
+    >>> len(axes)
+    2
     """
     import matplotlib.pyplot as plt
 

@@ -483,20 +483,21 @@ def recover_latent(
     --------
     With u_i ~ N(mu, 1) and y_i ~ N(u_i, 1), the conditional of u given y and mu is
     N((mu + y) / 2, 1/2), which the Laplace approximation reproduces exactly: the recovered draws
-    (here for 4000 posterior draws of mu, all equal to 0.3) scatter around (0.3 + y) / 2.
+    (here for 4000 posterior draws of mu, all equal to 0.3) scatter around (0.3 + y) / 2. They
+    keep the latent's dims.
 
     >>> import arviz as az, numpy as np, pymc as pm
     >>> import pymc_optim as pmo
     >>> y = np.array([0.5, -1.0, 2.0])
-    >>> with pm.Model() as model:
+    >>> with pm.Model(coords={"group": ["a", "b", "c"]}) as model:
     ...     mu = pm.Normal("mu", 0.0, 1.0)
-    ...     u = pm.Normal("u", mu, 1.0, shape=3)
-    ...     y_obs = pm.Normal("y", u, 1.0, observed=y)
+    ...     u = pm.Normal("u", mu, 1.0, dims="group")
+    ...     y_obs = pm.Normal("y", u, 1.0, observed=y, dims="group")
     >>> marginal = pmo.marginalize_laplace(model, "u")
     >>> idata = az.from_dict(posterior={"mu": np.full((1, 4000), 0.3)})
     >>> idata = pmo.recover_latent(marginal, idata, random_seed=1, progressbar=False)
-    >>> idata.posterior["u"].shape, bool(idata.posterior["u_solved"].all())
-    ((1, 4000, 3), True)
+    >>> idata.posterior["u"].dims, bool(idata.posterior["u_solved"].all())
+    (('chain', 'draw', 'group'), True)
     >>> draws = idata.posterior["u"].values.reshape(-1, 3)
     >>> # 4 standard errors of a mean of 4000 draws with variance 1/2
     >>> bool(np.all(np.abs(draws.mean(axis=0) - (0.3 + y) / 2) < 4 * np.sqrt(0.5 / 4000)))
