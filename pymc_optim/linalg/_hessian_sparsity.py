@@ -37,6 +37,7 @@ from pytensor.tensor.math import Dot
 from pytensor.tensor.shape import SpecifyShape
 from pytensor.tensor.sharedvar import TensorSharedVariable
 
+from pymc_optim._modes import PYTHON_MODE
 from pymc_optim.linalg.detect import _COPIES  # the Ops whose entries copy input entries
 
 __all__ = ["hessian_pattern"]
@@ -369,9 +370,8 @@ def _constant_value(var):
     if all(isinstance(r, Constant | TensorSharedVariable) for r in roots):
         # the Python linker: no C compilation (nor the C module cache's first load) at build time
         import pytensor
-        from pytensor.compile.mode import Mode
 
-        return pytensor.function([], var, mode=Mode(linker="py", optimizer="fast_compile"))()
+        return pytensor.function([], var, mode=PYTHON_MODE)()
     raise _GiveUp(f"{var} is not a constant of the graph")
 
 

@@ -16,11 +16,11 @@ from pytensor.graph.traversal import ancestors
 from pytensor.ifelse import ifelse
 from scipy.special import logsumexp
 
+from pymc_optim._modes import PYTHON_MODE
 from pymc_optim._warnings import PymcOptimWarning
 
 # fit_inla is built on laplace's plumbing: its marginal, start, warm starts and latent draws.
 from pymc_optim.model.laplace import (
-    _PYTHON_MODE,
     LaplaceMarginal,
     _check_flag,
     _initial_mode,
@@ -456,7 +456,7 @@ class _Target:
         # a handful of calls on large batches: numpy's perform, no C module (with a cold
         # compile cache, compiling it to C took ~10 s of gcc at G = 300)
         to_constrained = pytensor.function(
-            [thetas], batched, on_unused_input="ignore", mode=_PYTHON_MODE
+            [thetas], batched, on_unused_input="ignore", mode=PYTHON_MODE
         )
         names = [v.name for v in marginal_model.unobserved_value_vars if v.name in wanted]
         constrained = to_constrained(start[None])

@@ -27,6 +27,7 @@ from pytensor.graph.traversal import ancestors
 from pytensor.tensor.rewriting.basic import register_canonicalize
 from pytensor.tensor.variable import TensorVariable
 
+from pymc_optim._modes import PYTHON_MODE
 from pymc_optim._warnings import PymcOptimWarning
 from pymc_optim.backends.newton import NewtonOp
 from pymc_optim.backends.packing import Packer
@@ -271,7 +272,7 @@ def marginalize_laplace(
         if block is not None:  # the constrained latent's own N values
             transform = model.rvs_to_transforms[original]
             backward = transform.backward(pt.as_tensor(starts[i]))
-            starts[i] = np.asarray(pytensor.function([], backward, mode=_PYTHON_MODE)())
+            starts[i] = np.asarray(pytensor.function([], backward, mode=PYTHON_MODE)())
     x0 = np.concatenate([start.ravel() for start in starts])
     z = pt.tensor(dtype=x0.dtype, shape=x0.shape, name="latent_unconstrained")
     pieces = _split(z, [start.shape for start in starts])
@@ -1035,12 +1036,6 @@ def _check_static_size(model: pm.Model, rv) -> None:
 def _latent_size(model: pm.Model, latent_rvs, start: dict) -> int:
     """The number of unconstrained latent values (`start`: the model's initial point)."""
     return sum(int(np.size(start[model.rvs_to_values[rv].name])) for rv in latent_rvs)
-
-
-#: Python linker (each Op's numpy perform) and fast_compile rewrites: for graphs evaluated a few
-#: times (a transform at the initial point, fit_inla's batched map to constrained values),
-#: where compiling C costs more than it saves.
-_PYTHON_MODE = pytensor.compile.mode.Mode(linker="py", optimizer="fast_compile")
 
 
 def _check_kriged_structure(requested, latent_rvs, blocks) -> None:
