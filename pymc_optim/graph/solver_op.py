@@ -11,7 +11,7 @@ import pytensor.tensor as pt
 from pytensor.gradient import DisconnectedType
 from pytensor.graph.basic import Apply, Variable
 from pytensor.graph.fg import FunctionGraph
-from pytensor.graph.op import HasInnerGraph, Op
+from pytensor.graph.op import HasInnerGraph, Op, io_connection_pattern
 from pytensor.graph.replace import graph_replace
 from pytensor.tensor.variable import TensorVariable
 
@@ -228,7 +228,25 @@ class SolverOp(Op, HasInnerGraph):
 
     def _is_differentiable_param(self, index: int, var: Variable) -> bool:
         is_param = self.n_controls <= index < self.n_controls + self.n_params
-        return is_param and var.type.dtype.startswith("float")
+        return (
+            is_param
+            and var.type.dtype.startswith("float")
+            and self._residual_connected()[index - self.n_controls]
+        )
+
+    def _residual_connected(self) -> list[bool]:
+        """Per inner parameter: whether F depends on it, by the Ops' connection patterns (a
+        Cholesky factor that `covariance_solve` declares disconnected is not: the pullback sends
+        it no zeros, which its own graph would pull back at full cost)."""
+        found = self.__dict__.get("_connected")
+        if found is None:
+            params = list(self.condition.params)
+            pattern = io_connection_pattern(params, [self.condition.flat_residual()])
+            found = [row[0] for row in pattern]
+            if len(found) != self.n_params:  # (a condition on other parameters: assume all)
+                found = [True] * self.n_params
+            self.__dict__["_connected"] = found
+        return found
 
     def L_op(self, inputs, outputs, output_grads):
         x_stars = outputs[: self.n_controls]
@@ -238,7 +256,7 @@ class SolverOp(Op, HasInnerGraph):
         x_grads = output_grads[: self.n_controls]
         if all(isinstance(g.type, DisconnectedType) for g in x_grads):
             return [*disconnected, *(DisconnectedType()() for _ in params), *extras]
-        param_grads = implicit_pullback(self.condition, x_stars, params, x_grads)
+        param_grads = implicit_pullback(self.condition, x_stars, params, x_grads, disconnected=True)
         param_grads = [
             g if self._is_differentiable_param(self.n_controls + i, p) else DisconnectedType()()
             for i, (g, p) in enumerate(zip(param_grads, params, strict=True))

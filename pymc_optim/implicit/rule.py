@@ -89,6 +89,8 @@ def implicit_pullback(
     x_stars: Sequence[Variable],
     outer_params: Sequence[Variable],
     output_grads: Sequence[Variable],
+    *,
+    disconnected: bool = False,
 ) -> list[Variable]:
     """Gradients of the loss with respect to `outer_params`, given ḡ for each of `x_stars`.
 
@@ -102,12 +104,19 @@ def implicit_pullback(
         The outer parameters, one per inner parameter (substituted for ``condition.params``).
     output_grads : sequence of Variable
         ∂L/∂x* for each control; disconnected ones count as zero.
+    disconnected : bool, default False
+        Return a `DisconnectedType` variable, not zeros, for a parameter F does not depend on
+        (or depends on only through Ops that declare it disconnected, e.g. the Cholesky factor
+        of `covariance_solve`): zeros sent on would be pulled back through the parameter's own
+        graph (a Cholesky's gradient of a zero matrix costs two triangular solves with n
+        right-hand sides, which no rewrite removes).
 
     Returns
     -------
     param_grads : list of Variable
-        θ̄ for every outer parameter (zeros for parameters F does not depend on; ``None`` for
-        parameters that are not continuous, e.g. integer or boolean ones).
+        θ̄ for every outer parameter (zeros, or `DisconnectedType` with `disconnected`, for
+        parameters F does not depend on; ``None`` for parameters that are not continuous, e.g.
+        integer or boolean ones).
     """
     g_bar = _concat_flat(
         [
@@ -121,7 +130,19 @@ def implicit_pullback(
     F = condition.flat_residual()
     w_standin = F.type("w")
     continuous = [p for p in condition.params if _is_continuous(p)]
-    continuous_grads = grad(-(w_standin * F).sum(), continuous, disconnected_inputs="ignore")
+    continuous_grads = grad(
+        -(w_standin * F).sum(),
+        continuous,
+        disconnected_inputs="ignore",
+        return_disconnected="disconnected",
+    )
+    cut = {p for p, g in zip(continuous, continuous_grads, strict=True) if _is_disconnected(g)}
+    if not disconnected:
+        continuous_grads = [
+            p.zeros_like() if p in cut else g
+            for p, g in zip(continuous, continuous_grads, strict=True)
+        ]
+        cut = set()
     by_param = dict(zip(continuous, continuous_grads, strict=True))
     param_grads = [by_param.get(p, pt.constant(0.0)) for p in condition.params]
 
@@ -130,11 +151,19 @@ def implicit_pullback(
     A = graph_replace(condition.jacobian(), to_outer, strict=False)
     w = condition.structure.solve(A, g_bar, transposed=True, symmetric=condition.symmetric)
     to_outer[w_standin] = w.astype(F.type.dtype)
-    outer_grads = graph_replace(param_grads, to_outer, strict=False)
-    return [
-        g.astype(p.type.dtype) if _is_continuous(p) else None
-        for g, p in zip(outer_grads, outer_params, strict=True)
+    connected = [g for p, g in zip(condition.params, param_grads, strict=True) if p not in cut]
+    outer_connected = iter(graph_replace(connected, to_outer, strict=False))
+    outer_grads = [
+        DisconnectedType()() if p in cut else next(outer_connected) for p in condition.params
     ]
+    return [
+        g if p in cut else g.astype(q.type.dtype) if _is_continuous(q) else None
+        for g, p, q in zip(outer_grads, condition.params, outer_params, strict=True)
+    ]
+
+
+def _is_disconnected(g) -> bool:
+    return g is None or isinstance(g.type, DisconnectedType)
 
 
 def _is_continuous(var: Variable) -> bool:

@@ -154,7 +154,7 @@ class LatentGaussianStructure(LinearStructure):
     def logdet_positive_definite(self, A) -> TensorVariable:
         """log det A (NaN if A is not positive definite)."""
         if self.form == "precision":
-            return _logdet_from_cholesky(pt.linalg.cholesky(A, on_error="nan"))
+            return _logdet_spd_op()(A.astype("float64"))
         K, w = _parts(A)
         return logdet_b(K, w) - _logdet_from_cholesky(pt.linalg.cholesky(K, on_error="nan"))
 
@@ -344,8 +344,9 @@ def logdet_b(K, w):
 
     With R = W^½ B⁻¹ W^½ = (K + W⁻¹)⁻¹: ∂/∂K = R and ∂/∂w = diag((K⁻¹ + W)⁻¹) =
     diag(K − K R K) (Rasmussen & Williams 2006, Alg. 5.1), so the gradient needs B⁻¹ (one
-    ``potrs`` with n right-hand sides, on the factor the value used) and one matrix product,
-    not the gradient of the Cholesky factorization.
+    ``potrs`` with n right-hand sides, on the factor the value used) and, for diag(K R K) =
+    diag(Vᵀ V) with V = L_B⁻¹ W^½ K, one triangular solve with n right-hand sides (half the
+    flops of the product K R), not the gradient of the Cholesky factorization.
 
     Parameters
     ----------
@@ -406,10 +407,13 @@ def _logdet_b_op() -> OpFromGraph:
         K, w = inputs
         (g,) = output_grads
         s = pt.sqrt(w)
-        B_inv = pt.linalg.cho_solve((_b_cholesky(K, w), True), pt.eye(K.shape[0]), b_ndim=2)
+        L = _b_cholesky(K, w)
+        B_inv = pt.linalg.cho_solve((L, True), pt.eye(K.shape[0]), b_ndim=2)
         R = s[:, None] * B_inv * s[None, :]
-        KR = K @ R
-        return [g * R, g * (pt.diagonal(K) - (KR * K).sum(axis=1))]
+        # diag(K R K) = diag(Vᵀ V), V = L⁻¹ S K: one triangular solve with n right-hand sides
+        # (n³ flops) instead of the product K R (2n³)
+        V = pt.linalg.solve_triangular(L, s[:, None] * K, lower=True, b_ndim=2)
+        return [g * R, g * (pt.diagonal(K) - (V * V).sum(axis=0))]
 
     return OpFromGraph(
         [K, w],
@@ -417,6 +421,30 @@ def _logdet_b_op() -> OpFromGraph:
         inline=True,
         lop_overrides=pullback,
         name="logdet_b",
+    )
+
+
+@functools.cache
+def _logdet_spd_op() -> OpFromGraph:
+    """log det A of a symmetric positive definite A (NaN if its Cholesky fails), with the
+    gradient written by hand: ∂/∂A = A⁻¹, one ``potrs`` with n right-hand sides on the factor
+    the value used (2n³ flops). Differentiated through the factorization, PyTensor's Cholesky
+    gradient costs two triangular solves with n right-hand sides and a matrix product (4n³),
+    about twice as much. A⁻¹ is symmetric: the gradient along symmetric A(θ), as Q + W is."""
+    A = pt.matrix("A", dtype="float64")
+
+    def pullback(inputs, outputs, output_grads):
+        (A,) = inputs
+        L = pt.linalg.cholesky(A, on_error="nan")
+        A_inv = pt.linalg.cho_solve((L, True), pt.eye(A.shape[0], dtype="float64"), b_ndim=2)
+        return [output_grads[0] * A_inv]
+
+    return OpFromGraph(
+        [A],
+        [_logdet_from_cholesky(pt.linalg.cholesky(A, on_error="nan"))],
+        inline=True,
+        lop_overrides=pullback,
+        name="logdet_spd",
     )
 
 
