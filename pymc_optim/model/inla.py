@@ -856,7 +856,7 @@ def _posterior(model, marginal_model, target, theta_draws, rng, progressbar, mea
         target.x0 = start
         return target.draw(theta_draws[draw], noise)
 
-    per_chain = _recover(marginal_model, solve, hyper, rng, progressbar, order=order, draw_fn=False)
+    per_chain = _recover(marginal_model, solve, hyper, rng, progressbar, order=order)
     _store_recovered(marginal_model, idata.posterior, per_chain)
     if model.deterministics:
         idata.posterior = pm.compute_deterministics(

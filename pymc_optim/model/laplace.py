@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import threading
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
@@ -427,10 +429,11 @@ def recover_latent(
     each solve starts at the mode of the draw visited before it (a close θ, so a solve takes
     few Newton steps), or at the model's initial point at the first draw and after a failed
     solve; the mode it converges to does not depend on the start, and each draw keeps its place
-    (and its noise) in the posterior. One function is compiled for the
-    solve (the marginal's own graph for x*(θ) and H) and one, without solver, for the map from
-    a latent draw to the latent variables: the marginal is not vectorized over draws, whose
-    stacked copy compiles far more slowly (more than 15 minutes for a dense latent of 25).
+    (and its noise) in the posterior. One function is compiled for a draw: the solve (the
+    marginal's own graph for x*(θ) and H), the draw from H's factor and the map to the latent
+    variables, kept with the marginal model so that another call on it compiles nothing. The
+    marginal is not vectorized over draws, whose stacked copy compiles far more slowly (more
+    than 15 minutes for a dense latent of 25).
 
     Parameters
     ----------
@@ -517,11 +520,7 @@ def recover_latent(
     for rv in rvs:
         _check_draw_shape(rv, posterior[rv.name].shape, n_chains, n_draws)
 
-    values = [rv.type(name=rv.name) for rv in rvs]
-    start = node.inputs[1].type("start")
-    at_values = graph_replace(node.inputs[1:4], dict(zip(rvs, values, strict=True)), strict=False)
-    mode, hessian, success = _warm_started(at_values, at_values[0], start)
-    solve = pytensor.function([*values, start], [mode, hessian, success], on_unused_input="ignore")
+    solve = _recovery_function(marginal_model, node, mean_correction)
     draws = [np.asarray(posterior[rv.name].values, dtype=rv.type.dtype) for rv in rvs]
     orders = [
         _nearest_neighbour_order(
@@ -531,50 +530,76 @@ def recover_latent(
     ]
     per_chain = _recover(
         marginal_model,
-        lambda draw, point, start: solve(*point, start),
+        lambda draw, point, start, noise: _outputs_mode_success(solve(*point, start, noise)),
         draws,
         rng,
         progressbar,
         order=orders,
-        mean_correction=mean_correction,
     )
     _store_recovered(marginal_model, posterior, per_chain)
     return idata
 
 
-def _warm_started(outputs, solution, start):
+def _recovery_function(marginal_model: pm.Model, node, mean_correction: bool):
+    """The compiled map (hyperparameters, start, standard noise) → (the latent variables and
+    their Deterministics at one draw, the mode, success) of `marginal_model`'s Laplace `node`:
+    the inner solve from `start`, H at the mode and the draw of N(x* + δ, H⁻¹) in one function,
+    so that the draw shares the marginal's H (one evaluation) and its factorization (the
+    sparse Ops cache the last factor by value), and one compilation serves both.
+
+    Kept per marginal graph, thread and `mean_correction` (a compiled function holds its own
+    storage, so threads must not share one): a second `recover_latent` on the same marginal
+    model compiles nothing.
+    """
+    rvs = tuple(marginal_model.free_RVs)
+    key = (threading.get_ident(), bool(mean_correction), rvs)
+    # on the node (not a module-level dict, whose values would keep their keys alive)
+    cache = node.tag.__dict__.setdefault("recovery_functions", {})
+    if key in cache:
+        return cache[key]
+    _, mode, hessian, success, *params = node.inputs
+    noise = mode.type("noise")
+    recovered = _recovery_draw(node, mode, hessian, noise, params, mean_correction)
+    start = mode.type("start")
+    outputs = _warm_started([*recovered, mode, success], mode, start, canonical=False)
+    values = [rv.type(name=rv.name) for rv in rvs]
+    outputs = graph_replace(outputs, dict(zip(rvs, values, strict=True)), strict=False)
+    cache[key] = pytensor.function([*values, start, noise], outputs, on_unused_input="ignore")
+    return cache[key]
+
+
+def _outputs_mode_success(values):
+    """(the recovered variables, the mode, success) from `_recovery_function`'s outputs."""
+    return values[:-2], values[-2], values[-1]
+
+
+def _warm_started(outputs, solution, start, *, canonical: bool = True):
     """`outputs` (graphs of the Laplace mode x* = `solution`) with the inner solve starting at
     `start`.
 
     The mode does not depend on where Newton starts (up to its tolerance), but the number of
     iterations does: draw after draw, θ moves little, so starting each solve at the previous
     draw's mode takes a few iterations instead of the ~10 from the model's initial point.
+
+    With ``canonical=False`` a warm-starting Newton solve starts at `start` itself and skips
+    its canonical step (`pymc_optim.backends.newton.canonical_step`: one more evaluation and
+    factorization of H, which makes the mode the same bits from any start). The mode is then
+    exact to rounding all the same (the loop ends with a full Newton step); only its last bits
+    depend on `start`. For latent draws, whose order and starts are fixed by the caller.
     """
     owner = solution.owner
     if owner is None or getattr(owner.op, "n_controls", None) != 1:
         return outputs  # not a one-control solver Op: the start is unused
     x0 = owner.inputs[0]
-    # the same Op (its compiled inner functions are shared) applied to the new start; its
-    # outputs replace the old ones (a constant start cannot itself be replaced)
-    restarted = owner.op.make_node(start.astype(x0.dtype), *owner.inputs[1:]).outputs
+    op = owner.op
+    if not canonical and getattr(op, "warm_start", False):
+        # a copy sharing the Op's compiled inner functions (`_compiled`, one dict)
+        op = copy.copy(op)
+        op.warm_start = False
+    # the same Op applied to the new start; its outputs replace the old ones (a constant start
+    # cannot itself be replaced)
+    restarted = op.make_node(start.astype(x0.dtype), *owner.inputs[1:]).outputs
     return graph_replace(outputs, dict(zip(owner.outputs, restarted, strict=True)), strict=False)
-
-
-def _recovery_draw_function(marginal_model: pm.Model, mean_correction: bool = True):
-    """A compiled map (hyperparameters, mode, H, standard noise) → the latent variables and
-    their Deterministics: one draw of N(x* + δ, H⁻¹) (δ = 0 without `mean_correction`, see
-    :func:`_mean_correction`), mapped through the recovery graph. It holds no solver, so it
-    compiles in a fraction of the marginal's time."""
-    node = _laplace_node(marginal_model)
-    _, mode, hessian, _, *params = node.inputs
-    mode_in, hessian_in, noise = mode.type("mode"), hessian.type("hessian"), mode.type("noise")
-    recovered = _recovery_draw(node, mode_in, hessian_in, noise, params, mean_correction)
-    rvs = list(marginal_model.free_RVs)
-    values = [rv.type(name=rv.name) for rv in rvs]
-    recovered = graph_replace(recovered, dict(zip(rvs, values, strict=True)), strict=False)
-    return pytensor.function(
-        [*values, mode_in, hessian_in, noise], recovered, on_unused_input="ignore"
-    )
 
 
 def _recovery_draw(node, mode_in, hessian_in, noise, params, mean_correction):
@@ -654,29 +679,17 @@ def _mean_correction(structure, mode, hessian, at_mode, at_hessian, constraint=N
     return pt.switch(pt.all(_finite(shift)), shift, pt.zeros_like(shift))
 
 
-def _recover(
-    marginal_model,
-    solve,
-    draws,
-    rng,
-    progressbar,
-    *,
-    order=None,
-    draw_fn=None,
-    mean_correction=True,
-):
+def _recover(marginal_model, solve, draws, rng, progressbar, *, order=None):
     """Latent draws for the hyperparameter `draws` (one array per free variable, shaped
-    (chain, draw, ...)): for each, `solve(draw, point, start)` → (mode, H, success) and one draw of
-    N(mode, H⁻¹). Each draw is its own solve, started at the mode of the previous successful
-    draw in `order` (the draw indices within a chain, the same for every chain or one list per
-    chain; by default in sequence); a failed solve restarts the next from the model's initial
-    point. Returns per chain the list of outputs (the latent variables and Deterministics, then
-    success), each stacked over draws. With `draw_fn=False`, `solve(draw, point, start, noise)`
-    makes the draw itself and returns (outputs, mode, success)."""
+    (chain, draw, ...)): for each, `solve(draw, point, start, noise)` → (outputs, mode,
+    success), the outputs (the latent variables and Deterministics) at one draw of
+    N(mode + δ, H⁻¹) from the standard normal `noise`. Each draw is its own solve, started at
+    the mode of the previous successful draw in `order` (the draw indices within a chain, the
+    same for every chain or one list per chain; by default in sequence); a failed solve
+    restarts the next from the model's initial point. Returns per chain the list of outputs,
+    then success, each stacked over draws."""
     node = _laplace_node(marginal_model)
     x0 = np.asarray(_initial_mode(node))
-    if draw_fn is None:
-        draw_fn = _recovery_draw_function(marginal_model, mean_correction)
     n_chains, n_draws = draws[0].shape[:2]
     chains = range(n_chains)
     if progressbar:
@@ -691,11 +704,7 @@ def _recover(
         visits = order if order is None or np.ndim(order[0]) == 0 else order[c]
         for i in range(n_draws) if visits is None else visits:
             point = [d[c, i] for d in draws]
-            if draw_fn is False:
-                outputs, mode, success = solve(i, point, start, eps[i])
-            else:
-                mode, hessian, success = solve(i, point, start)
-                outputs = draw_fn(*point, mode, hessian, eps[i])
+            outputs, mode, success = solve(i, point, start, eps[i])
             success = bool(np.all(success))
             results[i] = [*outputs, success]
             start = mode if success else x0

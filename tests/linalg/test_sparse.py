@@ -747,20 +747,19 @@ def test_recover_latent_visits_near_draws_in_turn_and_keeps_each_draw_in_place()
     idata = pmo.recover_latent(
         marginal, az.from_dict(posterior=draws), random_seed=7, progressbar=False
     )
-    node_rvs = list(marginal.free_RVs)
-    hyper = [draws[rv.name] for rv in node_rvs]
-    import pytensor
-    from pytensor.graph.replace import graph_replace
-
-    from pymc_optim.model.laplace import _laplace_node
+    hyper = [draws[rv.name] for rv in marginal.free_RVs]
+    from pymc_optim.model.laplace import (
+        _initial_mode,
+        _laplace_node,
+        _outputs_mode_success,
+        _recovery_function,
+    )
 
     node = _laplace_node(marginal)
-    values = [rv.type(name=rv.name) for rv in node_rvs]
-    outputs = graph_replace(node.inputs[1:4], dict(zip(node_rvs, values, strict=True)))
-    solve = pytensor.function(values, outputs, on_unused_input="ignore")
-    in_sequence = _recover(
+    solve, cold = _recovery_function(marginal, node, True), _initial_mode(node)
+    in_sequence = _recover(  # in sampling order, every solve from the model's initial point
         marginal,
-        lambda draw, point, start: solve(*point),
+        lambda draw, point, start, noise: _outputs_mode_success(solve(*point, cold, noise)),
         hyper,
         np.random.default_rng(7),
         False,

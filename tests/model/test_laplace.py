@@ -991,10 +991,10 @@ def test_recover_latent_warm_starts_each_solve_at_the_previous_mode(structure, m
     original = laplace_module._recover
 
     def recording(marginal_model, solve, *args, **kwargs):
-        def spy(draw, point, start):
-            mode, hessian, success = solve(draw, point, start)
+        def spy(draw, point, start, noise):
+            outputs, mode, success = solve(draw, point, start, noise)
             solves.append((np.array(start), np.array(mode), [float(p) for p in point]))
-            return mode, hessian, success
+            return outputs, mode, success
 
         return original(marginal_model, spy, *args, **kwargs)
 
