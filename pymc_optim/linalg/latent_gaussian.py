@@ -389,7 +389,7 @@ def _covariance_solve_op() -> OpFromGraph:
         beta = _cholesky_solve(L, output_grads[0])
         return [-pt.outer(beta, outputs[0]), DisconnectedType()(), beta]
 
-    return OpFromGraph(
+    op = OpFromGraph(
         [K, L, b],
         [_cholesky_solve(L, b)],
         inline=True,
@@ -397,6 +397,9 @@ def _covariance_solve_op() -> OpFromGraph:
         connection_pattern=[[True], [False], [True]],
         name="covariance_solve",
     )
+    # L's gradient flows through K: a solver Op on this graph sends L no (zero) gradient
+    op.differentiated_elsewhere = (1,)
+    return op
 
 
 @functools.cache

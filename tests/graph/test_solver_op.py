@@ -303,6 +303,24 @@ def test_the_solution_does_not_depend_on_x0_or_a_bracket(s, b):
         pt.grad(r_star, lower)
 
 
+def test_a_factor_whose_gradient_flows_through_k_receives_none(x):
+    # covariance_solve(K, L, x) = K⁻¹x from L = chol K, differentiated through K: a solver
+    # on it sends L no gradient (zeros would cost a Cholesky pullback), and ∂x*/∂K is whole.
+    # (A parameter F does not mention gets exact zeros instead: tests/problems, "disconnected".)
+    from pymc_optim.linalg.latent_gaussian import covariance_solve
+
+    K = pt.matrix("K", shape=(2, 2))
+    L = pt.linalg.cholesky(K)
+    x_star, _ = pmo.root(covariance_solve(K, L, x) - 1.0, x, x0=np.zeros(2))
+    node = x_star.owner
+    connected = [row[0] for row in node.op.connection_pattern(node)]
+    assert not connected[node.inputs.index(L)]
+    assert connected[node.inputs.index(K)]
+    # x* = K·1, so ∂(1ᵀx*)/∂K = 11ᵀ
+    grad_K = pt.grad(x_star.sum(), K).eval({K: np.array([[2.0, 0.5], [0.5, 1.0]])})
+    np.testing.assert_allclose(grad_K, np.ones((2, 2)), atol=1e-8)
+
+
 def test_success_and_counters_are_not_differentiable(x, a):
     x_star, success = pmo.minimize(((x - a) ** 2).sum(), x, x0=np.zeros(2))
     info = pmo.solution_info(x_star)
