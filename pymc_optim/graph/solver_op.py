@@ -10,10 +10,10 @@ import pytensor
 import pytensor.tensor as pt
 from pytensor.gradient import DisconnectedType
 from pytensor.graph.basic import Apply, Variable
-from pytensor.graph.traversal import ancestors, apply_ancestors
 from pytensor.graph.fg import FunctionGraph
 from pytensor.graph.op import HasInnerGraph, Op, io_connection_pattern
 from pytensor.graph.replace import graph_replace
+from pytensor.graph.traversal import ancestors, apply_ancestors
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_optim.graph import trace as _trace
