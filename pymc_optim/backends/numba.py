@@ -25,9 +25,11 @@ Newton, ``update(z) -> T(z)`` for fixed points.
   under which ``numpy.linalg.solve`` raises ``LinAlgError`` (gesv = getrf + getrs), and the
   numpy loop then puts NaN in the singular blocks, so a singular system takes the same branch
   as there: for minimization the step falls back to −F, for root finding the solve stops with
-  ``success=False``. The curvature test at a minimum is the structure's own
-  (`LinearStructure.positive_definite`: pytensor's numba ``Cholesky`` with ``on_error="nan"``
-  per block, A > 0 on a diagonal), compiled by pytensor's numba backend.
+  ``success=False``. ``sparse`` runs the sparse Cholesky solve (in object mode), NaN where A is
+  not positive definite, as its ``solve_numpy`` raising does in the numpy loop. The curvature
+  test at a minimum is the structure's own (`LinearStructure.positive_definite`: pytensor's
+  numba ``Cholesky`` with ``on_error="nan"`` per block, A > 0 on a diagonal), compiled by
+  pytensor's numba backend.
 * Batches (``NewtonOp.batch_ndim``): the loop takes ``rows`` (B, n), problem b's elements of z,
   and decides per problem, as the numpy loop does.
 * Nothing raises out of the loop. As in ``SolverOp.perform``, an exception from the inner graphs
@@ -101,7 +103,9 @@ def _solve_function(structure: LinearStructure):
         return _solve_diagonal, "diagonal"
     A = pt.tensor("A", dtype="float64", shape=(None,) * structure.compact_ndim)
     F = pt.vector("F", dtype="float64")
-    d = structure.solve(A, F, transposed=False, symmetric=False)
+    # LU (getrf + getrs) as numpy.linalg.solve in the numpy loop; a sparse A is symmetric
+    # positive definite by construction and factorized by Cholesky, as its `solve_numpy` does
+    d = structure.solve(A, F, transposed=False, symmetric=structure.kind == "sparse")
     solve_fn, key = _numba_function([A, F], [d])
 
     @_njit
