@@ -734,7 +734,8 @@ def _register_jax() -> None:
     def refuse(op, **kwargs):
         raise NotImplementedError(
             f"{type(op).__name__} (sparse Cholesky) has no JAX implementation; compile with "
-            "PyTensor's default C backend or mode='NUMBA' (object mode)."
+            "PyTensor's default C backend or mode='NUMBA' (object mode), or, for a Laplace "
+            "marginal under JAX, pass `hessian_structure='dense'` to marginalize_laplace."
         )
 
     for op_class in (SparseLogdetOp, SelectedInverseOp, SparseSolveOp, SparseFactorSolveOp):

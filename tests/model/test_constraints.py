@@ -262,3 +262,21 @@ def test_null_space_transform_exposes_its_constraint():
     A = np.vstack([np.ones(5), np.arange(5.0)])
     transform = NullSpaceTransform(A, [0, 1])
     np.testing.assert_array_equal(transform.constraint_matrix, A)
+
+
+# --- backends: the kriged marginal compiled by numba (nutpie) and JAX (numpyro, blackjax) -------
+@pytest.mark.slow
+def test_kriged_sparse_marginal_refuses_jax_naming_the_backends_that_run_it():
+    """Under JAX the sparse Cholesky refuses when the function is compiled, naming the backends
+    that run it (C, NUMBA) and the dense structure, which JAX runs."""
+    pytest.importorskip("jax")
+    n = 6
+    model = icar_model(chain_edges(n), np.zeros(n), "poisson")
+    marginal = pmo.marginalize_laplace(model, "phi", hessian_structure="sparse")
+    with pytest.raises(
+        NotImplementedError,
+        match=r"\(sparse Cholesky\) has no JAX implementation; compile with PyTensor's default C "
+        r"backend or mode='NUMBA' \(object mode\), or, for a Laplace marginal under JAX, pass "
+        r"`hessian_structure='dense'`",
+    ):
+        marginal.compile_logp(mode="JAX")
