@@ -11,14 +11,13 @@ import pytensor.tensor as pt
 from pytensor.gradient import DisconnectedType
 from pytensor.graph.basic import Apply, Variable
 from pytensor.graph.fg import FunctionGraph
-from pytensor.graph.op import HasInnerGraph, Op, io_connection_pattern
+from pytensor.graph.op import HasInnerGraph, Op
 from pytensor.graph.replace import graph_replace
-from pytensor.graph.traversal import ancestors, apply_ancestors
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_optim.graph import trace as _trace
 from pymc_optim.graph.inner_graph import InnerProblem
-from pymc_optim.implicit import OptimalityCondition, implicit_pullback
+from pymc_optim.implicit import OptimalityCondition, differentiated_elsewhere, implicit_pullback
 
 __all__ = ["SolverOp", "make_solution"]
 
@@ -236,19 +235,12 @@ class SolverOp(Op, HasInnerGraph):
         )
 
     def _residual_connected(self) -> list[bool]:
-        """Per inner parameter: False only where F reaches it through an Op input that the Op
-        declares differentiated elsewhere (`differentiated_elsewhere`: the K-Cholesky factor
-        of `covariance_solve`, whose gradient flows through K). The pullback sends such a
-        parameter no zeros, which its own graph would pull back at full cost. Any other
-        parameter F does not depend on (a constant d² added to an objective) keeps an exactly
-        zero gradient, so `pt.grad` with respect to it works as users expect."""
+        """Per inner parameter: False where the implicit rule sends it no gradient
+        (`pymc_optim.implicit.differentiated_elsewhere`), True elsewhere (exact zeros where F
+        does not depend on it)."""
         found = self.__dict__.get("_connected")
         if found is None:
-            params = list(self.condition.params)
-            F = self.condition.flat_residual()
-            pattern = io_connection_pattern(params, [F])
-            routed = set(ancestors(_inputs_differentiated_elsewhere(F), blockers=params))
-            found = [row[0] or p not in routed for p, row in zip(params, pattern, strict=True)]
+            found = [not e for e in differentiated_elsewhere(self.condition)]
             if len(found) != self.n_params:  # (a condition on other parameters: assume all)
                 found = [True] * self.n_params
             self.__dict__["_connected"] = found
@@ -264,9 +256,7 @@ class SolverOp(Op, HasInnerGraph):
             return [*disconnected, *(DisconnectedType()() for _ in params), *extras]
         param_grads = implicit_pullback(self.condition, x_stars, params, x_grads, disconnected=True)
         param_grads = [
-            (p.zeros_like() if isinstance(g.type, DisconnectedType) else g)
-            if self._is_differentiable_param(self.n_controls + i, p)
-            else DisconnectedType()()
+            g if self._is_differentiable_param(self.n_controls + i, p) else DisconnectedType()()
             for i, (g, p) in enumerate(zip(param_grads, params, strict=True))
         ]
         return [*disconnected, *param_grads, *extras]
@@ -280,15 +270,6 @@ class SolverOp(Op, HasInnerGraph):
 
     def __str__(self):
         return f"{type(self).__name__}{{method={getattr(self, 'method', '?')}}}"
-
-
-def _inputs_differentiated_elsewhere(F: Variable) -> list[Variable]:
-    """The inputs of F's nodes at the positions their Op lists in `differentiated_elsewhere`."""
-    return [
-        node.inputs[i]
-        for node in apply_ancestors([F])
-        for i in getattr(node.op, "differentiated_elsewhere", ())
-    ]
 
 
 def _count(n) -> np.ndarray:

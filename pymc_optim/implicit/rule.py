@@ -25,12 +25,14 @@ from dataclasses import dataclass
 import pytensor.tensor as pt
 from pytensor.gradient import DisconnectedType, grad
 from pytensor.graph.basic import Variable
+from pytensor.graph.op import io_connection_pattern
 from pytensor.graph.replace import graph_replace
+from pytensor.graph.traversal import ancestors, apply_ancestors
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_optim.linalg.structure import LinearStructure, _concat_flat
 
-__all__ = ["OptimalityCondition", "implicit_pullback"]
+__all__ = ["OptimalityCondition", "differentiated_elsewhere", "implicit_pullback"]
 
 
 @dataclass(frozen=True)
@@ -105,18 +107,18 @@ def implicit_pullback(
     output_grads : sequence of Variable
         ∂L/∂x* for each control; disconnected ones count as zero.
     disconnected : bool, default False
-        Return a `DisconnectedType` variable, not zeros, for a parameter F does not depend on
-        (or depends on only through Ops that declare it disconnected, e.g. the Cholesky factor
-        of `covariance_solve`): zeros sent on would be pulled back through the parameter's own
-        graph (a Cholesky's gradient of a zero matrix costs two triangular solves with n
-        right-hand sides, which no rewrite removes).
+        Return a `DisconnectedType` variable, not zeros, for a parameter that F reaches only
+        through inputs differentiated elsewhere (:func:`differentiated_elsewhere`, e.g. the
+        Cholesky factor of `covariance_solve`): zeros sent on would be pulled back through the
+        parameter's own graph (a Cholesky's gradient of a zero matrix costs two triangular
+        solves with n right-hand sides, which no rewrite removes).
 
     Returns
     -------
     param_grads : list of Variable
-        θ̄ for every outer parameter (zeros, or `DisconnectedType` with `disconnected`, for
-        parameters F does not depend on; ``None`` for parameters that are not continuous, e.g.
-        integer or boolean ones).
+        θ̄ for every outer parameter (zeros for parameters F does not depend on, or
+        `DisconnectedType` for those differentiated elsewhere, with `disconnected`; ``None`` for
+        parameters that are not continuous, e.g. integer or boolean ones).
     """
     g_bar = _concat_flat(
         [
@@ -128,6 +130,7 @@ def implicit_pullback(
     # x, which a dense Jacobian's identity matrix needs) become constants of this graph.
     condition = condition.on([x.type() for x in x_stars], [p.type() for p in outer_params])
     F = condition.flat_residual()
+    F_params = list(condition.params)
     w_standin = F.type("w")
     continuous = [p for p in condition.params if _is_continuous(p)]
     continuous_grads = grad(
@@ -136,13 +139,12 @@ def implicit_pullback(
         disconnected_inputs="ignore",
         return_disconnected="disconnected",
     )
-    cut = {p for p, g in zip(continuous, continuous_grads, strict=True) if _is_disconnected(g)}
-    if not disconnected:
-        continuous_grads = [
-            p.zeros_like() if p in cut else g
-            for p, g in zip(continuous, continuous_grads, strict=True)
-        ]
-        cut = set()
+    elsewhere = differentiated_elsewhere(condition) if disconnected else [False] * len(F_params)
+    cut = {p for p, e in zip(F_params, elsewhere, strict=True) if e}
+    continuous_grads = [
+        p.zeros_like() if _is_disconnected(g) and p not in cut else g
+        for p, g in zip(continuous, continuous_grads, strict=True)
+    ]
     by_param = dict(zip(continuous, continuous_grads, strict=True))
     param_grads = [by_param.get(p, pt.constant(0.0)) for p in condition.params]
 
@@ -160,6 +162,24 @@ def implicit_pullback(
         g if p in cut else g.astype(q.type.dtype) if _is_continuous(q) else None
         for g, p, q in zip(outer_grads, condition.params, outer_params, strict=True)
     ]
+
+
+def differentiated_elsewhere(condition: OptimalityCondition) -> list[bool]:
+    """Per parameter of `condition`: whether F reaches it only through Op inputs that the Op
+    lists in its `differentiated_elsewhere` attribute (positions; `covariance_solve` lists its
+    Cholesky factor, whose gradient flows through K). Such a parameter gets no gradient from
+    the implicit rule. Any other parameter F does not depend on (a constant d² added to an
+    objective) gets exact zeros, as `pt.grad` of a graph that takes it gives."""
+    params = list(condition.params)
+    F = condition.flat_residual()
+    marked = [
+        node.inputs[i]
+        for node in apply_ancestors([F])
+        for i in getattr(node.op, "differentiated_elsewhere", ())
+    ]
+    routed = set(ancestors(marked, blockers=params))
+    pattern = io_connection_pattern(params, [F])
+    return [not row[0] and p in routed for p, row in zip(params, pattern, strict=True)]
 
 
 def _is_disconnected(g) -> bool:
