@@ -20,17 +20,8 @@ from pymc_optim._modes import PYTHON_MODE
 from pymc_optim._warnings import PymcOptimWarning
 
 # fit_inla is built on laplace's plumbing: its marginal, start, warm starts and latent draws.
-from pymc_optim.model.laplace import (
-    LaplaceMarginal,
-    _check_flag,
-    _initial_mode,
-    _main_axis_order,
-    _recover,
-    _recovery_draw,
-    _store_recovered,
-    _warm_started,
-    marginalize_laplace,
-)
+from pymc_optim.model import laplace as _laplace
+from pymc_optim.model.laplace import LaplaceMarginal, marginalize_laplace
 
 __all__ = ["fit_inla", "plot_inla_marginals"]
 
@@ -213,7 +204,7 @@ def fit_inla(
     >>> idata.inla.attrs["integration"], idata.posterior["u"].shape
     ('grid', (1, 200, 6))
     """
-    _check_flag(mean_correction, "mean_correction", "centre the latent draws at the mode")
+    _laplace._check_flag(mean_correction, "mean_correction", "centre the latent draws at the mode")
     if integration not in INTEGRATIONS:
         raise ValueError(f"`integration` must be one of {INTEGRATIONS}; got {integration!r}.")
     if int(draws) != draws or draws < 1:
@@ -427,10 +418,10 @@ class _Target:
         start_var = marker.inputs[1].type("start")
         noise = marker.inputs[1].type("noise")
         _, solution, solution_hessian, _, *params = marker.inputs
-        recovered = _recovery_draw(
+        recovered = _laplace._recovery_draw(
             marker, solution, solution_hessian, noise, params, mean_correction
         )
-        logp, mode, hessian, success, *recovered = _warm_started(
+        logp, mode, hessian, success, *recovered = _laplace._warm_started(
             [logp, *marker.inputs[1:4], *recovered], solution, start_var
         )
         # The gradient (the implicit pullback, several times the cost of the solve itself) only
@@ -471,8 +462,8 @@ class _Target:
             constrained_names=names,
             constrained_shapes=constrained_shapes,
             start=start,
-            cold_start=_initial_mode(marker),
-            x0=_initial_mode(marker),
+            cold_start=_laplace._initial_mode(marker),
+            x0=_laplace._initial_mode(marker),
         )
 
     def evaluate(self, x, with_gradient: bool = True):
@@ -846,7 +837,7 @@ def _posterior(model, marginal_model, target, theta_draws, rng, progressbar, mea
     # (no second compilation of the marginal), visiting the draws in order of their position
     # along the posterior's main axis so that each inner solve starts near its mode; the draws
     # keep their random order in the posterior.
-    order = _main_axis_order(theta_draws)
+    order = _laplace._main_axis_order(theta_draws)
     hyper = [
         np.asarray(idata.posterior[rv.name].values, dtype=rv.type.dtype)
         for rv in marginal_model.free_RVs
@@ -856,8 +847,8 @@ def _posterior(model, marginal_model, target, theta_draws, rng, progressbar, mea
         target.x0 = start
         return target.draw(theta_draws[draw], noise)
 
-    per_chain = _recover(marginal_model, solve, hyper, rng, progressbar, order=order)
-    _store_recovered(marginal_model, idata.posterior, per_chain)
+    per_chain = _laplace._recover(marginal_model, solve, hyper, rng, progressbar, order=order)
+    _laplace._store_recovered(marginal_model, idata.posterior, per_chain)
     if model.deterministics:
         idata.posterior = pm.compute_deterministics(
             idata.posterior, model=model, merge_dataset=True, progressbar=False

@@ -9,7 +9,14 @@ import pytensor.tensor as pt
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_optim.backends.newton import DEFAULT_MAX_ITER, DEFAULT_TOL
-from pymc_optim.graph.inner_graph import InnerProblem, as_control_variables, build_inner_problem
+from pymc_optim.graph.inner_graph import (
+    InnerProblem,
+    as_control_variables,
+    as_expression,
+    build_inner_problem,
+    cast_initial_guess,
+)
+from pymc_optim.graph.solver_op import make_solution
 from pymc_optim.graph.trace import trace_limit
 from pymc_optim.rewrites.structured_linalg import structure_linalg
 
@@ -19,8 +26,8 @@ __all__ = [
     "check_tolerance",
     "newton_options",
     "split_problem",
-    "as_scalar_control",
-    "as_scalar_expression",
+    "as_scalar_problem",
+    "scalar_solution",
     "check_method",
     "check_optimizer_kwargs",
 ]
@@ -113,7 +120,10 @@ def newton_options(optimizer_kwargs: dict) -> dict:
 
 
 # --- the scalar solvers (`minimize_scalar`, `root_scalar`) ---------------------------------------
-def as_scalar_control(x, routine: str, vector_routine: str) -> TensorVariable:
+def as_scalar_problem(
+    expression, x, *, argument: str, routine: str, vector_routine: str
+) -> tuple[TensorVariable, TensorVariable]:
+    """The 0-d `expression` (named `argument`) and the 0-d control `x` of a scalar solver."""
     if isinstance(x, list | tuple):
         raise TypeError(
             f"`x` of `{routine}` must be a single 0-d variable, not a list; "
@@ -125,16 +135,19 @@ def as_scalar_control(x, routine: str, vector_routine: str) -> TensorVariable:
             f"`x` of `{routine}` must be 0-d; got `{x}` with {x.ndim} dimensions. "
             f"Use `{vector_routine}` for tensors."
         )
-    return x
-
-
-def as_scalar_expression(expr, argument: str) -> TensorVariable:
-    expr = pt.as_tensor_variable(expr)
-    if expr.ndim != 0:
+    expression = pt.as_tensor_variable(as_expression(expression, argument))
+    if expression.ndim != 0:
         raise ValueError(
-            f"`{argument}` must be a scalar; got `{expr}` with {expr.ndim} dimensions."
+            f"`{argument}` must be a scalar; got `{expression}` with {expression.ndim} dimensions."
         )
-    return expr
+    return expression, x
+
+
+def scalar_solution(op, x0, x: TensorVariable, interval: list, interval_given: bool):
+    """``(x_star, success)`` of a scalar solver's `op`, searching `interval` or starting at `x0`."""
+    if x0 is None and interval_given:
+        x0 = 0.0  # unused when the search interval is given; keeps `x` out of the returned graph
+    return make_solution(op, cast_initial_guess(x0, [x], False), interval, False)
 
 
 def as_interval(values: Sequence, argument: str, lengths: tuple[int, ...]) -> list[TensorVariable]:

@@ -10,7 +10,6 @@ from pytensor.tensor.variable import TensorVariable
 
 from pymc_optim._warnings import PymcOptimWarning
 from pymc_optim.backends.newton import NewtonOp
-from pymc_optim.backends.scipy import callbacks as _scipy
 from pymc_optim.backends.scipy.ops import (
     DERIVATIVE_FREE,
     NEEDS_HESS,
@@ -270,7 +269,6 @@ def minimize(
     if method == "newton":
         op = NewtonOp.minimizing(problem, condition, inner_objective, **newton_options(options))
     else:
-        _scipy.check_scipy_options("minimize", method, options)
         op = MinimizeOp(
             problem,
             condition=condition,

@@ -8,18 +8,15 @@ from pytensor.gradient import grad
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_optim.backends.newton import NewtonOp
-from pymc_optim.backends.scipy import callbacks as _scipy
 from pymc_optim.backends.scipy.ops import MinimizeScalarOp
-from pymc_optim.graph.inner_graph import as_expression, cast_initial_guess
-from pymc_optim.graph.solver_op import make_solution
 from pymc_optim.implicit import OptimalityCondition
 from pymc_optim.problems._arguments import (
     as_interval,
-    as_scalar_control,
-    as_scalar_expression,
+    as_scalar_problem,
     check_method,
     check_optimizer_kwargs,
     newton_options,
+    scalar_solution,
     split_problem,
 )
 
@@ -92,8 +89,9 @@ def minimize_scalar(
     >>> float(x_star.eval({a: 2.0})), float(pt.grad(x_star, a).eval({a: 2.0}))
     (1.0, 0.0)
     """
-    x = as_scalar_control(x, "minimize_scalar", "minimize")
-    objective = as_scalar_expression(as_expression(objective, "objective"), "objective")
+    objective, x = as_scalar_problem(
+        objective, x, argument="objective", routine="minimize_scalar", vector_routine="minimize"
+    )
     method = check_method(method, MINIMIZE_SCALAR_METHODS, "minimize_scalar")
     if method == "bounded" and bounds is None:
         raise ValueError("`method` 'bounded' needs `bounds=(lower, upper)`.")
@@ -127,7 +125,6 @@ def minimize_scalar(
         )
         op = NewtonOp.minimizing(problem, condition, inner_objective, **newton_options(options))
     else:
-        _scipy.check_scipy_options("minimize_scalar", method, options)
         op = MinimizeScalarOp(
             problem,
             method=method,
@@ -135,6 +132,4 @@ def minimize_scalar(
             inner_bounds=bound_vars,
             options=options,
         )
-    if x0 is None and (bracket is not None or bounds is not None):
-        x0 = 0.0  # unused when the search interval is given; keeps `x` out of the returned graph
-    return make_solution(op, cast_initial_guess(x0, [x], False), bracket_vars, False)
+    return scalar_solution(op, x0, x, bracket_vars, bracket is not None or bounds is not None)

@@ -145,7 +145,6 @@ def root(
     if method == "newton":
         op = NewtonOp.solving(problem, condition, **newton_options(options))
     else:
-        _scipy.check_scipy_options("root", method, options)
         op = RootOp(
             problem,
             condition=condition,

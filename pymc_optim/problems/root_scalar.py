@@ -7,18 +7,15 @@ from collections.abc import Mapping, Sequence
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_optim.backends.newton import NewtonOp
-from pymc_optim.backends.scipy import callbacks as _scipy
 from pymc_optim.backends.scipy.ops import RootScalarOp
-from pymc_optim.graph.inner_graph import as_expression, cast_initial_guess
-from pymc_optim.graph.solver_op import make_solution
 from pymc_optim.implicit import OptimalityCondition
 from pymc_optim.problems._arguments import (
     as_interval,
-    as_scalar_control,
-    as_scalar_expression,
+    as_scalar_problem,
     check_method,
     check_optimizer_kwargs,
     newton_options,
+    scalar_solution,
     split_problem,
 )
 
@@ -86,8 +83,9 @@ def root_scalar(
     >>> round(float(x_star.eval({a: 4.0})), 10), round(float(pt.grad(x_star, a).eval({a: 4.0})), 8)
     (2.0, 0.25)
     """
-    x = as_scalar_control(x, "root_scalar", "root")
-    equation = as_scalar_expression(as_expression(equation, "equation"), "equation")
+    equation, x = as_scalar_problem(
+        equation, x, argument="equation", routine="root_scalar", vector_routine="root"
+    )
     method = check_method(method, ROOT_SCALAR_METHODS, "root_scalar")
     if method in BRACKETING_METHODS and bracket is None:
         raise ValueError(
@@ -117,7 +115,6 @@ def root_scalar(
         value = abs(problem.inner_outputs[0])
         op = NewtonOp.solving(problem, condition, value=value, **newton_options(options))
     else:
-        _scipy.check_scipy_options("root_scalar", method, options)
         op = RootScalarOp(
             problem,
             condition=condition,
@@ -125,6 +122,4 @@ def root_scalar(
             n_bracket=len(bracket_vars),
             options=options,
         )
-    if x0 is None and bracket is not None:
-        x0 = 0.0  # unused by bracketing methods; keeps `x` out of the returned graph
-    return make_solution(op, cast_initial_guess(x0, [x], False), bracket_vars, False)
+    return scalar_solution(op, x0, x, bracket_vars, bracket is not None)

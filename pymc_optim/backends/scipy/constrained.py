@@ -53,6 +53,7 @@ class ConstrainedMinimizeOp(SolverOp):
     def __init__(self, problem: InnerProblem, *, kkt: KKT, method: str, options):
         super().__init__(problem)
         self._kkt = kkt
+        _scipy.check_scipy_options("minimize", method, options)
         self.method = method
         self.options = options
 

@@ -73,6 +73,7 @@ class MinimizeOp(SolverOp):
         no_gradient: str | None = None,
     ):
         super().__init__(problem, condition=condition)
+        _scipy.check_scipy_options("minimize", method, options)
         self.method = method
         self.jac = jac
         self.hess = hess
@@ -149,6 +150,7 @@ class RootOp(SolverOp):
         self, problem: InnerProblem, *, condition: OptimalityCondition, method: str, jac, options
     ):
         super().__init__(problem, condition=condition)
+        _scipy.check_scipy_options("root", method, options)
         self.method = method
         self.jac = jac
         self.options = options
@@ -182,6 +184,7 @@ class MinimizeScalarOp(SolverOp):
         options,
     ):
         super().__init__(problem, n_extras=n_bracket)
+        _scipy.check_scipy_options("minimize_scalar", method, options)
         self.method = method
         self.inner_bounds = inner_bounds
         self.options = options
@@ -260,6 +263,7 @@ class RootScalarOp(SolverOp):
         options,
     ):
         super().__init__(problem, condition=condition, n_extras=n_bracket)
+        _scipy.check_scipy_options("root_scalar", method, options)
         self.method = method
         self.options = options
 

@@ -59,7 +59,6 @@ from pytensor.graph.replace import graph_replace
 from pytensor.graph.traversal import ancestors
 from pytensor.tensor.variable import TensorVariable
 
-from pymc_optim.backends.scipy import callbacks as _scipy
 from pymc_optim.backends.scipy.constrained import ConstrainedMinimizeOp
 from pymc_optim.graph.inner_graph import (
     InnerProblem,
@@ -180,7 +179,6 @@ def constrained_minimize(
             **newton_options(options),
         )
     else:
-        _scipy.check_scipy_options("minimize", method, options)
         op = ConstrainedMinimizeOp(problem, kkt=kkt, method=method, options=options)
     outs = op(x0, *multiplier_x0s, *problem.outer_params)
     x_star, success = outs[0], outs[op.n_controls]
