@@ -21,8 +21,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import pytensor.tensor as pt
+from pytensor.compile.builders import OpFromGraph
 from pytensor.gradient import DisconnectedType, grad
 from pytensor.graph.basic import Variable
 from pytensor.graph.op import io_connection_pattern
@@ -81,6 +83,38 @@ class OptimalityCondition:
         """A = ∂F/∂x on the inner variables, in the compact form of `structure`."""
         return self.structure.jacobian(self.flat_residual(), self.xs, *self.parts)
 
+    def jacobian_at(self, x_stars, outer_params) -> TensorVariable:
+        """A at the solution: `jacobian` with `x_stars` and `outer_params` substituted.
+
+        With `parts` that A is built from alone (``structure.from_parts_alone``), they are
+        computed by one Op per condition (an inline OpFromGraph, expanded at compile time) and
+        A is built from them by the structure's `jacobian_at_solution`. Every graph that asks for A at x* (a Laplace marginal's
+        log-determinant, the implicit pullback's solve) then holds the same copy, which merges
+        into one factorization, although PyMC rewrites the logp graph (canonicalize, stabilize)
+        before it differentiates it: written out, the two copies of A came out of those
+        rewrites in different forms and A was factorized twice per evaluation.
+        """
+        outer = [*x_stars, *outer_params]
+        if self.parts and self.structure.from_parts_alone:
+            return self.structure.jacobian_at_solution(*self._parts_op(*outer))
+        # built on stand-ins with the outer variables' types: static shapes known outside (the
+        # size of x, which a dense Jacobian's identity matrix needs) become constants of it
+        at = self.on([x.type() for x in x_stars], [p.type() for p in outer_params])
+        replace = dict(zip([*at.xs, *at.params], outer, strict=True))
+        return graph_replace(at.jacobian(), replace, strict=False)
+
+    @cached_property
+    def _parts_op(self) -> OpFromGraph:
+        # cached on the condition (cached_property writes past the frozen dataclass's
+        # __setattr__): one Op, so equal applications merge
+        return OpFromGraph(
+            [*self.xs, *self.params],
+            list(self.parts),
+            inline=True,
+            on_unused_input="ignore",
+            name="parts_at_solution",
+        )
+
     def jacobian_matrix(self) -> TensorVariable:
         """A = ∂F/∂x as a dense (n, n) matrix on the inner variables."""
         return LinearStructure().jacobian(self.flat_residual(), self.xs)
@@ -126,8 +160,9 @@ def implicit_pullback(
             for x, g in zip(x_stars, output_grads, strict=True)
         ]
     )
-    # Stand-ins with the outer variables' types: static shapes known outside (e.g. the size of
-    # x, which a dense Jacobian's identity matrix needs) become constants of this graph.
+    # Stand-ins with the outer variables' types: static shapes known outside become constants
+    # of this graph.
+    original = condition
     condition = condition.on([x.type() for x in x_stars], [p.type() for p in outer_params])
     F = condition.flat_residual()
     F_params = list(condition.params)
@@ -150,7 +185,7 @@ def implicit_pullback(
 
     to_outer = dict(zip(condition.xs, x_stars, strict=True))
     to_outer.update(zip(condition.params, outer_params, strict=True))
-    A = graph_replace(condition.jacobian(), to_outer, strict=False)
+    A = original.jacobian_at(x_stars, outer_params)
     w = condition.structure.solve(A, g_bar, transposed=True, symmetric=condition.symmetric)
     to_outer[w_standin] = w.astype(F.type.dtype)
     connected = [g for p, g in zip(condition.params, param_grads, strict=True) if p not in cut]

@@ -42,6 +42,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import pytensor.tensor as pt
@@ -62,7 +63,7 @@ __all__ = ["FORMS", "LatentGaussianStructure", "covariance_solve", "logdet_b"]
 
 FORMS = ("precision", "covariance")
 
-_potrf, _potrs = lapack.dpotrf, lapack.dpotrs
+_potrf, _potrs, _potri = lapack.dpotrf, lapack.dpotrs, lapack.dpotri
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ class LatentGaussianStructure(LinearStructure):
     block_size: int | None = None
     form: str = "precision"
     basis: bool = False
+    from_parts_alone: ClassVar[bool] = True
 
     def __post_init__(self):
         self._require_keywords(
@@ -136,6 +138,14 @@ class LatentGaussianStructure(LinearStructure):
         if self.form == "precision":
             return prior + pt.eye(curvature.shape[0], dtype="float64") * curvature[None, :]
         return pt.concatenate([prior, curvature[None, :]], axis=0)
+
+    def jacobian_at_solution(self, prior, curvature) -> TensorVariable:
+        """Compact A from its parts at the solution (``OptimalityCondition.jacobian_at``): as
+        `jacobian`, with Q + diag(w) formed by one `PlusDiagonal` Op, whose equal applications
+        merge whatever rewrites do around them."""
+        if self.form == "precision" and not self.basis:
+            return plus_diagonal(prior, curvature)
+        return self.jacobian(None, None, prior, curvature)
 
     def solve(self, A, rhs, *, transposed: bool = False, symmetric: bool = True):
         """A⁻¹ rhs (A is symmetric: `transposed` changes nothing); NaN where a Cholesky fails."""
@@ -298,6 +308,93 @@ class BCholesky(Op):
 _B_CHOLESKY = BCholesky()
 
 
+class PlusDiagonal(Op):
+    """Q + diag(w) in one Op (a copy of Q with w added to its diagonal). Written out, as
+    Q + eye(n)·w, the Laplace marginal's A at the solution and the implicit pullback's A went
+    through different rewrites and were factorized once each; as one Op with no parameters,
+    equal nodes merge. Its gradient is (Ḡ, diag(Ḡ))."""
+
+    __props__ = ()
+
+    def make_node(self, Q, w):
+        Q = pt.as_tensor_variable(Q).astype("float64")
+        w = pt.as_tensor_variable(w).astype("float64")
+        if Q.type.ndim != 2 or w.type.ndim != 1:
+            raise TypeError(
+                f"PlusDiagonal takes a matrix Q and a vector w; got {Q.type}, {w.type}."
+            )
+        return Apply(self, [Q, w], [pt.matrix(dtype="float64", shape=Q.type.shape)])
+
+    def perform(self, node, inputs, output_storage):
+        Q, w = inputs
+        A = np.array(Q, dtype=np.float64, order="C")
+        A.flat[:: A.shape[0] + 1] += w
+        output_storage[0][0] = A
+
+    def infer_shape(self, fgraph, node, shapes):
+        return [shapes[0]]
+
+    def L_op(self, inputs, outputs, output_grads):
+        (G,) = output_grads
+        return [G, pt.diagonal(G)]
+
+
+_PLUS_DIAGONAL = PlusDiagonal()
+
+
+def plus_diagonal(Q, w) -> TensorVariable:
+    """Q + diag(w) as one `PlusDiagonal` node."""
+    return _PLUS_DIAGONAL(Q, w)
+
+
+class CholeskyInverse(Op):
+    """X = (L Lᵀ)⁻¹ from the lower Cholesky factor L, by LAPACK's ``potri`` (n³/3 + n³/3
+    flops, against 2n³ for ``potrs`` with the identity); all NaN where L is not finite. Its
+    gradient: with M = X Ḡᵀ X, L̄ = tril(−(M + Mᵀ) L)."""
+
+    __props__ = ()
+
+    def make_node(self, L):
+        L = pt.as_tensor_variable(L).astype("float64")
+        if L.type.ndim != 2:
+            raise TypeError(f"CholeskyInverse takes a matrix L; got {L.type}.")
+        return Apply(self, [L], [pt.matrix(dtype="float64", shape=L.type.shape)])
+
+    def perform(self, node, inputs, output_storage):
+        (L,) = inputs
+        n = L.shape[0]
+        if n and np.all(np.isfinite(np.diagonal(L))) and np.all(np.isfinite(L)):
+            # potri reads the lower triangle of a Fortran-ordered factor: Lᵀ of a C-ordered L
+            # is that array (the upper triangle in C order), read as upper
+            a = L.T if L.flags.c_contiguous else np.asfortranarray(L)
+            lower = int(not L.flags.c_contiguous)
+            X, info = _potri(a, lower=lower, overwrite_c=0)
+            if info == 0:
+                X = np.tril(X) if lower else np.triu(X)
+                X = X + X.T - np.diag(np.diagonal(X))
+                output_storage[0][0] = np.ascontiguousarray(X)
+                return
+        output_storage[0][0] = np.full((n, n), np.nan)
+
+    def infer_shape(self, fgraph, node, shapes):
+        return [shapes[0]]
+
+    def L_op(self, inputs, outputs, output_grads):
+        (L,) = inputs
+        (X,) = outputs
+        (G,) = output_grads
+        M = X @ G.mT @ X
+        return [pt.tril(-(M + M.mT) @ L)]
+
+
+_CHOLESKY_INVERSE = CholeskyInverse()
+
+
+def cholesky_inverse(L) -> TensorVariable:
+    """(L Lᵀ)⁻¹ from a lower Cholesky factor L (`CholeskyInverse`)."""
+    return _CHOLESKY_INVERSE(L)
+
+
 def covariance_solve(K, L, b):
     """K⁻¹ b from the lower Cholesky factor L of K, differentiated as a function of K alone.
 
@@ -343,8 +440,8 @@ def logdet_b(K, w):
     is not positive definite; differentiated by hand from one factorization of B.
 
     With R = W^½ B⁻¹ W^½ = (K + W⁻¹)⁻¹: ∂/∂K = R and ∂/∂w = diag((K⁻¹ + W)⁻¹) =
-    diag(K − K R K) (Rasmussen & Williams 2006, Alg. 5.1), so the gradient needs B⁻¹ (one
-    ``potrs`` with n right-hand sides, on the factor the value used) and, for diag(K R K) =
+    diag(K − K R K) (Rasmussen & Williams 2006, Alg. 5.1), so the gradient needs B⁻¹ (LAPACK's
+    ``potri`` by `CholeskyInverse`, on the factor the value used) and, for diag(K R K) =
     diag(Vᵀ V) with V = L_B⁻¹ W^½ K, one triangular solve with n right-hand sides (half the
     flops of the product K R), not the gradient of the Cholesky factorization.
 
@@ -411,7 +508,7 @@ def _logdet_b_op() -> OpFromGraph:
         (g,) = output_grads
         s = pt.sqrt(w)
         L = _b_cholesky(K, w)
-        B_inv = pt.linalg.cho_solve((L, True), pt.eye(K.shape[0]), b_ndim=2)
+        B_inv = cholesky_inverse(L)
         R = s[:, None] * B_inv * s[None, :]
         # diag(K R K) = diag(Vᵀ V), V = L⁻¹ S K: one triangular solve with n right-hand sides
         # (n³ flops) instead of the product K R (2n³)
@@ -430,17 +527,16 @@ def _logdet_b_op() -> OpFromGraph:
 @functools.cache
 def _logdet_spd_op() -> OpFromGraph:
     """log det A of a symmetric positive definite A (NaN if its Cholesky fails), with the
-    gradient written by hand: ∂/∂A = A⁻¹, one ``potrs`` with n right-hand sides on the factor
-    the value used (2n³ flops). Differentiated through the factorization, PyTensor's Cholesky
-    gradient costs two triangular solves with n right-hand sides and a matrix product (4n³),
-    about twice as much. A⁻¹ is symmetric: the gradient along symmetric A(θ), as Q + W is."""
+    gradient written by hand: ∂/∂A = A⁻¹, by `CholeskyInverse` (LAPACK ``potri``, 2n³/3 flops)
+    on the factor the value used. Differentiated through the factorization, PyTensor's Cholesky
+    gradient costs two triangular solves with n right-hand sides and a matrix product (4n³).
+    A⁻¹ is symmetric: the gradient along symmetric A(θ), as Q + W is."""
     A = pt.matrix("A", dtype="float64")
 
     def pullback(inputs, outputs, output_grads):
         (A,) = inputs
         L = pt.linalg.cholesky(A, on_error="nan")
-        A_inv = pt.linalg.cho_solve((L, True), pt.eye(A.shape[0], dtype="float64"), b_ndim=2)
-        return [output_grads[0] * A_inv]
+        return [output_grads[0] * cholesky_inverse(L)]
 
     return OpFromGraph(
         [A],
@@ -496,7 +592,8 @@ def _cho_solve_numpy(L: np.ndarray, rhs: np.ndarray) -> np.ndarray:
 
 
 def _register_jax() -> None:
-    """BCholesky under JAX (registered when PyTensor first imports its JAX dispatch)."""
+    """BCholesky, PlusDiagonal and CholeskyInverse under JAX (registered when PyTensor first
+    imports its JAX dispatch)."""
     from pytensor.link.jax.dispatch import jax_funcify
 
     @jax_funcify.register(BCholesky)
@@ -511,13 +608,35 @@ def _register_jax() -> None:
 
         return b_cholesky
 
+    @jax_funcify.register(PlusDiagonal)
+    def _jax_plus_diagonal(op, **kwargs):
+        import jax.numpy as jnp
+
+        def plus_diagonal(Q, w):
+            index = jnp.arange(w.shape[0])
+            return Q.at[index, index].add(w)
+
+        return plus_diagonal
+
+    @jax_funcify.register(CholeskyInverse)
+    def _jax_cholesky_inverse(op, **kwargs):
+        import jax.numpy as jnp
+        from jax.scipy.linalg import cho_solve
+
+        def cholesky_inverse(L):
+            return cho_solve((L, True), jnp.eye(L.shape[0], dtype=L.dtype))
+
+        return cholesky_inverse
+
 
 def _register_numba() -> None:
-    """BCholesky under NUMBA (nutpie's default backend), through the LAPACK ``potrf`` PyTensor's
-    own numba Cholesky calls; registered when PyTensor first imports its numba dispatch. Without
-    it numba ran the Op in object mode, a Python call per evaluation."""
+    """BCholesky, PlusDiagonal and CholeskyInverse under NUMBA (nutpie's default backend),
+    through the LAPACK routines PyTensor's own numba Cholesky calls; registered when PyTensor
+    first imports its numba dispatch. Without it numba ran these Ops in object mode, a Python
+    call per evaluation."""
     from pytensor.link.numba.dispatch import basic as numba_basic
     from pytensor.link.numba.dispatch.linalg.decomposition.cholesky import _cholesky
+    from pytensor.link.numba.dispatch.linalg.solve.cholesky import _cho_solve
 
     @numba_basic.register_funcify_default_op_cache_key(BCholesky)
     def _numba_b_cholesky(op, node, **kwargs):
@@ -539,6 +658,29 @@ def _register_numba() -> None:
             return L
 
         return b_cholesky, 1
+
+    @numba_basic.register_funcify_default_op_cache_key(PlusDiagonal)
+    def _numba_plus_diagonal(op, node, **kwargs):
+        @numba_basic.numba_njit
+        def plus_diagonal(Q, w):
+            A = Q.copy()
+            for i in range(w.shape[0]):
+                A[i, i] += w[i]
+            return A
+
+        return plus_diagonal, 1
+
+    @numba_basic.register_funcify_default_op_cache_key(CholeskyInverse)
+    def _numba_cholesky_inverse(op, node, **kwargs):
+        # numba's LAPACK bindings in PyTensor have no potri: potrs with the identity
+        @numba_basic.numba_njit
+        def cholesky_inverse(L):
+            n = L.shape[0]
+            if not np.all(np.isfinite(L)):
+                return np.full((n, n), np.nan)
+            return _cho_solve(L, np.eye(n), True, True)
+
+        return cholesky_inverse, 1
 
 
 if importlib.util.find_spec("jax") is not None:

@@ -11,6 +11,7 @@ O(G b³): a latent field of G independent groups costs O(G), not O(G³).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import pytensor.tensor as pt
@@ -30,6 +31,9 @@ class LinearStructure:
 
     kind: str = "dense"
     block_size: int | None = None
+    #: Whether `jacobian` builds A from the condition's parts alone, without F or x (then
+    #: `jacobian_at_solution(*parts)` builds A at the solution).
+    from_parts_alone: ClassVar[bool] = False
 
     def _require_keywords(self, kind: str, fields: str, example: str) -> None:
         """For a subclass whose own `fields` follow `kind` and `block_size`: refuse a positional

@@ -238,12 +238,10 @@ def latent_gaussian_mode(objective, negative_likelihood, z, x0, prior, structure
         **options,
     )
     z_star, success = make_solution(op, [pt.as_tensor_variable(x0)], [], False)
-    # H at x* from the condition's own parts, as the implicit pullback builds A: the same graph
-    # twice, merged at compile time, so the log-determinant and the pullback's solve share one
-    # factorization of B (or of Q + W)
-    to_outer = dict(zip(problem.inner_xs, [z_star], strict=True))
-    to_outer.update(zip(problem.inner_params, problem.outer_params, strict=True))
-    hessian = graph_replace(condition.jacobian(), to_outer, strict=False)
+    # H at x* as the implicit pullback builds A (`jacobian_at`): the same nodes twice, merged at
+    # compile time, so the log-determinant and the pullback's solve share one factorization of
+    # B (or of Q + W)
+    hessian = condition.jacobian_at([z_star], problem.outer_params)
     marginal = None
     if covariance:
         K, w = structure.compact_parts(hessian)

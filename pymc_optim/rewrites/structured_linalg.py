@@ -169,18 +169,9 @@ def disable_rewrites() -> None:
     _ENABLED = False
 
 
-# enable_rewrites mirrors disable_rewrites on purpose: one switch, two public names, each with
-# its own doctest (the duplicate scan sees their shared shape).
 def enable_rewrites() -> None:
-    """Undo :func:`disable_rewrites` (the state after ``import pymc_optim``).
-
-    Examples
-    --------
-    >>> import pymc_optim as pmo
-    >>> pmo.enable_rewrites()
-    >>> pmo.rewrites_enabled()
-    True
-    """
+    """Undo :func:`disable_rewrites` (the state after ``import pymc_optim``; its example shows
+    both)."""
     global _ENABLED
     _ENABLED = True
 

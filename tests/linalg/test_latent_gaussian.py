@@ -18,8 +18,10 @@ from numpy.testing import assert_allclose
 from pymc_optim.linalg.latent_gaussian import (
     BCholesky,
     LatentGaussianStructure,
+    cholesky_inverse,
     covariance_solve,
     logdet_b,
+    plus_diagonal,
 )
 
 N = 5
@@ -184,3 +186,46 @@ def test_b_cholesky_factorizes_b_and_is_differentiable(case, mode):
     want = pytensor.function([Kv, wv], pytensor.grad(expected, [Kv, wv]))(K, w)
     for g, e in zip(got, want, strict=True):
         assert_allclose(g, e, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("mode", [None, "JAX", "NUMBA"])
+def test_cholesky_inverse_is_the_inverse_and_is_differentiable(case, mode):
+    if mode is not None:
+        pytest.importorskip(mode.lower())
+    K, _, _ = case
+    L = np.linalg.cholesky(K)
+    Lv = pt.matrix("L")
+    X = cholesky_inverse(Lv)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*object mode.*CholeskyInverse")
+        fn = pytensor.function([Lv], X, mode=mode)
+        assert_allclose(fn(L), np.linalg.inv(K), rtol=1e-12, atol=1e-14)
+        # a Fortran-ordered factor (LAPACK's own layout) gives the same
+        assert_allclose(fn(np.asfortranarray(L)), np.linalg.inv(K), rtol=1e-12, atol=1e-14)
+    if mode is None:  # NaN for a non-finite factor (the other backends propagate it)
+        assert np.all(np.isnan(fn(np.where(np.eye(N, dtype=bool), np.nan, L))))
+    # its gradient is that of the written-out inverse of L Lᵀ
+    weights = np.arange(N * N).reshape(N, N) / N
+    got = pytensor.function([Lv], pytensor.grad((X * weights).sum(), Lv))(L)
+    written = pt.linalg.inv(Lv @ Lv.T)
+    want = pytensor.function([Lv], pytensor.grad((written * weights).sum(), Lv))(L)
+    assert_allclose(got, np.tril(want), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("mode", [None, "JAX", "NUMBA"])
+def test_plus_diagonal_adds_w_to_the_diagonal_and_is_differentiable(case, mode):
+    if mode is not None:
+        pytest.importorskip(mode.lower())
+    K, w, _ = case
+    K_before = K.copy()
+    Kv, wv = pt.matrix("K"), pt.vector("w")
+    A = plus_diagonal(Kv, wv)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*object mode.*PlusDiagonal")
+        fn = pytensor.function([Kv, wv], A, mode=mode)
+        assert_allclose(fn(K, w), K + np.diag(w), rtol=0, atol=0)
+    assert_allclose(K, K_before, rtol=0, atol=0)  # the input is not modified in place
+    weights = np.arange(N * N).reshape(N, N)
+    got = pytensor.function([Kv, wv], pytensor.grad((A * weights).sum(), [Kv, wv]))(K, w)
+    assert_allclose(got[0], weights)
+    assert_allclose(got[1], np.diagonal(weights))

@@ -124,6 +124,23 @@ def test_marginal_equals_the_general_path_and_takes_the_fast_one(kind):
         ]
         assert ops.count("BCholesky") == 1
         assert ops.count("Cholesky") == 1
+    else:
+        # A = Q + diag(w) formed once and factorized once for the value, its gradient and the
+        # pullback's solve (PyMC rewrites the logp before differentiating it, which split A
+        # into two copies), and A⁻¹ for log det A's gradient from that factor by potri
+        nodes = fast_fn._pytensor_function.maker.fgraph.toposort()
+        ops = [type(node.op).__name__ for node in nodes]
+        assert ops.count("PlusDiagonal") == 1
+        assert ops.count("CholeskyInverse") == 1
+        factorized = [
+            node.inputs[0].owner
+            for node in nodes
+            if type(node.op).__name__ == "Cholesky" and node.inputs[0].owner is not None
+        ]
+        of_a = [owner for owner in factorized if type(owner.op).__name__ == "PlusDiagonal"]
+        assert len(of_a) == 1
+        # the others factorize the prior itself (MvNormal's log det of tau)
+        assert ops.count("Cholesky") == (2 if kind == "mvnormal_tau" else 1)
     _assert_same_marginal(fast_fn, general_fn, [np.array([s_log]) for s_log in [-0.7, 0.0, 0.6]])
 
 
