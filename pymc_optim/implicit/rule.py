@@ -88,11 +88,12 @@ class OptimalityCondition:
 
         With `parts` that A is built from alone (``structure.from_parts_alone``), they are
         computed by one Op per condition (an inline OpFromGraph, expanded at compile time) and
-        A is built from them by the structure's `jacobian_at_solution`. Every graph that asks for A at x* (a Laplace marginal's
-        log-determinant, the implicit pullback's solve) then holds the same copy, which merges
-        into one factorization, although PyMC rewrites the logp graph (canonicalize, stabilize)
-        before it differentiates it: written out, the two copies of A came out of those
-        rewrites in different forms and A was factorized twice per evaluation.
+        A is built from them by the structure's `jacobian_at_solution`. Every graph that asks
+        for A at x* (a Laplace marginal's log-determinant, the implicit pullback's solve) then
+        holds the same copy, which merges into one factorization, although PyMC rewrites the
+        logp graph (canonicalize, stabilize) before it differentiates it: written out, the two
+        copies of A came out of those rewrites in different forms and A was factorized twice
+        per evaluation.
         """
         outer = [*x_stars, *outer_params]
         if self.parts and self.structure.from_parts_alone:

@@ -414,6 +414,7 @@ def recover_latent(
     random_seed=None,
     progressbar: bool = True,
     mean_correction: bool = True,
+    mode=None,
 ):
     """Draw the latent field for every posterior draw of the hyperparameters.
 
@@ -444,7 +445,7 @@ def recover_latent(
         With a ``posterior`` group holding the hyperparameters.
     random_seed : int or numpy.random.Generator, optional
     progressbar : bool, default True
-        Show progress over chains.
+        Show progress over the draws (of all chains).
     mean_correction : bool, default True
         Centre each draw at x* − H⁻¹ ∇ₓ ½ log det H(x*), the conditional mean to first order
         in the skewness (the mean correction of INLA's simplified Laplace strategy), instead of
@@ -453,6 +454,10 @@ def recover_latent(
         correction removes that first-order term, and is zero where the likelihood is Gaussian.
         It costs one reverse pass through H(x) and one solve per draw. ``False`` draws from
         N(x*, H⁻¹).
+    mode : str or pytensor.compile.Mode, optional
+        The PyTensor backend that compiles the draw function, e.g. ``"NUMBA"`` or ``"JAX"``
+        (pass the one the sampling used, e.g. ``"NUMBA"`` after nutpie). Default: PyTensor's
+        default mode, the C backend ``pm.sample`` compiles with.
 
     Returns
     -------
@@ -520,7 +525,7 @@ def recover_latent(
     for rv in rvs:
         _check_draw_shape(rv, posterior[rv.name].shape, n_chains, n_draws)
 
-    solve = _recovery_function(marginal_model, node, mean_correction)
+    solve = _recovery_function(marginal_model, node, mean_correction, compile_mode=mode)
     draws = [np.asarray(posterior[rv.name].values, dtype=rv.type.dtype) for rv in rvs]
     orders = [
         _nearest_neighbour_order(
@@ -540,19 +545,19 @@ def recover_latent(
     return idata
 
 
-def _recovery_function(marginal_model: pm.Model, node, mean_correction: bool):
+def _recovery_function(marginal_model: pm.Model, node, mean_correction: bool, *, compile_mode=None):
     """The compiled map (hyperparameters, start, standard noise) → (the latent variables and
     their Deterministics at one draw, the mode, success) of `marginal_model`'s Laplace `node`:
     the inner solve from `start`, H at the mode and the draw of N(x* + δ, H⁻¹) in one function,
     so that the draw shares the marginal's H (one evaluation) and its factorization (the
     sparse Ops cache the last factor by value), and one compilation serves both.
 
-    Kept per marginal graph, thread and `mean_correction` (a compiled function holds its own
-    storage, so threads must not share one): a second `recover_latent` on the same marginal
-    model compiles nothing.
+    Kept per marginal graph, thread, `mean_correction` and `compile_mode` (a compiled function
+    holds its own storage, so threads must not share one): a second `recover_latent` on the
+    same marginal model compiles nothing.
     """
     rvs = tuple(marginal_model.free_RVs)
-    key = (threading.get_ident(), bool(mean_correction), rvs)
+    key = (threading.get_ident(), bool(mean_correction), compile_mode, rvs)
     # on the node (not a module-level dict, whose values would keep their keys alive)
     cache = node.tag.__dict__.setdefault("recovery_functions", {})
     if key in cache:
@@ -564,7 +569,9 @@ def _recovery_function(marginal_model: pm.Model, node, mean_correction: bool):
     outputs = _warm_started([*recovered, mode, success], mode, start, canonical=False)
     values = [rv.type(name=rv.name) for rv in rvs]
     outputs = graph_replace(outputs, dict(zip(rvs, values, strict=True)), strict=False)
-    cache[key] = pytensor.function([*values, start, noise], outputs, on_unused_input="ignore")
+    cache[key] = pytensor.function(
+        [*values, start, noise], outputs, on_unused_input="ignore", mode=compile_mode
+    )
     return cache[key]
 
 
@@ -691,25 +698,48 @@ def _recover(marginal_model, solve, draws, rng, progressbar, *, order=None):
     node = _laplace_node(marginal_model)
     x0 = np.asarray(_initial_mode(node))
     n_chains, n_draws = draws[0].shape[:2]
-    chains = range(n_chains)
-    if progressbar:
-        from rich.progress import track
-
-        chains = track(chains, description="recovering latent draws")
     per_chain = []
-    for c in chains:
-        eps = rng.standard_normal((n_draws, x0.size)).astype(x0.dtype)
-        results = [None] * n_draws
-        start = x0
-        visits = order if order is None or np.ndim(order[0]) == 0 else order[c]
-        for i in range(n_draws) if visits is None else visits:
-            point = [d[c, i] for d in draws]
-            outputs, mode, success = solve(i, point, start, eps[i])
-            success = bool(np.all(success))
-            results[i] = [*outputs, success]
-            start = mode if success else x0
-        per_chain.append([np.stack([r[k] for r in results]) for k in range(len(results[0]))])
+    with _DrawProgress(progressbar, n_chains * n_draws) as progress:
+        for c in range(n_chains):
+            eps = rng.standard_normal((n_draws, x0.size)).astype(x0.dtype)
+            results = [None] * n_draws
+            start = x0
+            visits = order if order is None or np.ndim(order[0]) == 0 else order[c]
+            for i in range(n_draws) if visits is None else visits:
+                point = [d[c, i] for d in draws]
+                outputs, mode, success = solve(i, point, start, eps[i])
+                success = bool(np.all(success))
+                results[i] = [*outputs, success]
+                start = mode if success else x0
+                progress.advance()
+            per_chain.append([np.stack([r[k] for r in results]) for k in range(len(results[0]))])
     return per_chain
+
+
+class _DrawProgress:
+    """A rich progress bar over the latent draws of every chain (or nothing)."""
+
+    def __init__(self, enabled: bool, total: int):
+        self.bar = None
+        if enabled:
+            from rich.progress import Progress
+
+            self.bar = Progress()
+            self.task = self.bar.add_task("recovering latent draws", total=total)
+
+    def __enter__(self):
+        if self.bar is not None:
+            self.bar.start()
+        return self
+
+    def advance(self):
+        if self.bar is not None:
+            self.bar.advance(self.task)
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
+        return False
 
 
 def _initial_mode(node):

@@ -1009,3 +1009,32 @@ def test_recover_latent_warm_starts_each_solve_at_the_previous_mode(structure, m
     assert sum(not start.any() for start, _, _ in solves) == 2  # one cold start per chain
     for _, mode, (mu, tau) in solves:
         assert_allclose(mode, _poisson_modes(mu, tau), rtol=0, atol=3e-8)
+
+
+def test_recover_latent_compiles_in_the_mode_asked_for_and_counts_draws(monkeypatch):
+    """``mode="NUMBA"`` (nutpie's backend) draws the same latents as the default C backend from
+    the same seed (the same noise, the same Newton iterations; rounding apart), and the
+    progress bar advances once per draw of every chain, not per chain."""
+    pytest.importorskip("numba")
+    from rich.progress import Progress
+
+    from pymc_optim.model import laplace as laplace_module
+
+    marginal = pmo.marginalize_laplace(poisson_model(), "x", hessian_structure="dense")
+    rng = np.random.default_rng(0)
+    posterior = {"mu": rng.normal(1.0, 0.3, (2, 4)), "tau": rng.uniform(0.3, 1.5, (2, 4))}
+    advanced = []
+    monkeypatch.setattr(Progress, "advance", lambda self, task, advance=1: advanced.append(1))
+    draws = {}
+    for mode in [None, "NUMBA"]:
+        idata = pmo.recover_latent(
+            marginal, az.from_dict(posterior=posterior), random_seed=1, mode=mode
+        )
+        draws[mode] = idata.posterior["x"].values
+        assert bool(idata.posterior["x_solved"].all())
+    assert len(advanced) == 2 * 2 * 4
+    assert_allclose(draws["NUMBA"], draws[None], rtol=0, atol=1e-10)
+    # one compiled function per mode, kept with the marginal
+    functions = laplace_module._laplace_node(marginal).tag.recovery_functions
+    modes = {key[2] for key in functions}
+    assert modes == {None, "NUMBA"}
