@@ -793,3 +793,91 @@ def test_vectorizing_the_sparse_ops_batches_the_values_without_a_blockwise_loop(
     for k in range(2):
         for g, want in zip(got, one(batch[k], rhs[k]), strict=True):
             np.testing.assert_allclose(g[k], want, rtol=RTOL, atol=1e-12)
+
+
+# --- sequences of nearby solves (recover_latent's) -------------------------------------------
+def softplus_grid(m):
+    """The structure, and per a the system and the merit of min ½ τ Σ (x_i − x_j)² + 0.05 Σ x²
+    + Σ (eˣ − a x) on an m × m grid (τ = 1.3), in numpy, as `iterations.newton` takes them (A
+    compact on the grid pattern)."""
+    edges = grid_edges(m)
+    structure = SparseStructure.from_edges(edges)
+    rows, cols, n = structure.pattern.rows, structure.pattern.cols, m * m
+    adjacency = sp.coo_matrix((np.ones(len(edges)), (edges[:, 0], edges[:, 1])), shape=(n, n))
+    adjacency = adjacency + adjacency.T
+    laplacian = sp.diags(np.asarray(adjacency.sum(axis=1)).ravel()) - adjacency
+    Q = (1.3 * laplacian + 0.1 * sp.identity(n)).tocsr()
+
+    def problem(a):
+        def merit(z):
+            return np.array([0.5 * z @ (Q @ z) + (np.exp(z) - a * z).sum()])
+
+        def system(z):
+            A = np.asarray(Q[rows, cols]).ravel() + np.where(rows == cols, np.exp(z)[rows], 0.0)
+            return merit(z), Q @ z + np.exp(z) - a, A
+
+        return system, merit
+
+    return structure, problem
+
+
+def test_chord_steps_reuse_the_last_factor_and_reach_the_newton_solution(monkeypatch):
+    """From the solution of a nearby problem, with its A as `chord`, the solve takes chord
+    steps on A's cached factor and factorizes once, at its last iterate z (``final_step=False``
+    returns z: max|F(z)| ≤ tol, and z − A(z)⁻¹F(z) is the cold solve's solution to rounding). A
+    chord matrix far from A (100 A) fails the contraction test at once and Newton takes over."""
+    from pymc_optim.backends import iterations
+
+    m, tol = 6, 1e-8
+    a = 1.0 + np.arange(m * m) % 3
+    structure, problem = softplus_grid(m)
+    kwargs = {"structure": structure, "minimization": True, "tol": tol, "max_iter": 50}
+    z_a, ok, _, _ = iterations.newton(*problem(a), np.zeros(m * m), **kwargs)
+    assert ok.all()
+    reference = problem(a)[0](z_a)[2]
+    system, merit = problem(a + 0.05)
+    expected, ok, _, cold_evaluations = iterations.newton(system, merit, z_a, **kwargs)
+    assert ok.all()
+    calls = []
+    original = _cholesky.factorize
+    monkeypatch.setattr(_cholesky, "factorize", lambda s, x: calls.append(1) or original(s, x))
+    for chord, newton_steps in [(reference, False), (100 * reference, True)]:
+        structure.solve_numpy(chord, np.ones(m * m))  # the chord matrix's factor, cached
+        calls.clear()
+        z, ok, _, n_evaluations = iterations.newton(
+            system, merit, z_a, chord=chord, final_step=False, **kwargs
+        )
+        _, F, A = system(z)
+        assert ok.all() and np.abs(F).max() <= tol
+        np.testing.assert_allclose(z - structure.solve_numpy(A, F), expected, rtol=0, atol=1e-14)
+        # chord steps: the last iterate's factorization alone (the solve above reuses it)
+        assert (len(calls) > 1) == newton_steps
+        assert n_evaluations[0] > 1
+
+
+def test_factor_caches_are_per_thread(monkeypatch):
+    """Two threads alternating between their own matrices on one pattern keep their own last
+    factor: each matrix is factorized once."""
+    import threading
+
+    H = grid_precision(4, seed=2)
+    pattern, values = SparsePattern.from_scipy(H)
+    calls = []
+    original = _cholesky.factorize
+    monkeypatch.setattr(_cholesky, "factorize", lambda s, x: calls.append(1) or original(s, x))
+    turns = [threading.Event(), threading.Event()]
+
+    def work(k):
+        for _ in range(3):
+            turns[k].wait()
+            turns[k].clear()
+            assert pattern._factor(values * (k + 1))[0] is not None
+            turns[1 - k].set()
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in (0, 1)]
+    for thread in threads:
+        thread.start()
+    turns[0].set()
+    for thread in threads:
+        thread.join()
+    assert len(calls) == 2
