@@ -881,3 +881,56 @@ def test_factor_caches_are_per_thread(monkeypatch):
     for thread in threads:
         thread.join()
     assert len(calls) == 2
+
+
+def test_recover_latent_factorizes_once_per_draw_and_threads_keep_the_draws(monkeypatch):
+    """Along the tour each draw's solve takes chord steps on the previous draw's factor and
+    factorizes H once, at its last iterate, whose factor the draw reuses: one factorization per
+    draw after each run's cold solve. Each draw's mode is the cold solve's to rounding, and the
+    runs (here of 10 draws) walked by two threads give the draws of one thread bit for bit."""
+    import arviz as az
+
+    from pymc_optim.model import laplace
+
+    model, edges = gmrf_poisson_model(6)
+    marginal = pmo.marginalize_laplace(
+        model, "x", hessian_structure=SparseStructure.from_edges(edges)
+    )
+    info = pmo.laplace_info(marginal)
+    cold_mode = pytensor.function(
+        marginal.value_vars, marginal.replace_rvs_by_values([info.mode])[0]
+    )
+    rng = np.random.default_rng(5)
+    posterior = {"tau": np.exp(rng.normal(0.2, 0.05, (2, 30))), "b": rng.normal(0.4, 0.02, (2, 30))}
+    monkeypatch.setattr(laplace, "RUN_DRAWS", 10)
+    calls, solves = [], []
+    original_factorize, original_recover = _cholesky.factorize, laplace._recover
+    monkeypatch.setattr(
+        _cholesky, "factorize", lambda s, x: calls.append(1) or original_factorize(s, x)
+    )
+
+    def recording(marginal_model, solve, *args, **kwargs):
+        def spy(draw, point, start, noise):
+            before = len(calls)
+            outputs, mode, success = solve(draw, point, start, noise)
+            solves.append((bool(start.any()), len(calls) - before, point, mode))
+            return outputs, mode, success
+
+        return original_recover(marginal_model, spy, *args, **kwargs)
+
+    monkeypatch.setattr(laplace, "_recover", recording)
+    draws = {}
+    for cores in (1, 2):
+        idata = pmo.recover_latent(
+            marginal, az.from_dict(posterior=posterior), random_seed=4, progressbar=False,
+            cores=cores,
+        )  # fmt: skip
+        assert bool(idata.posterior["x_solved"].all())
+        draws[cores] = idata.posterior["x"].values
+        if cores == 1:
+            assert sum(not warm for warm, *_ in solves) == 6  # one cold start per run
+            assert [n for warm, n, *_ in solves if warm] == [1] * 54
+            for _, _, (tau, b), mode in solves:
+                expected = cold_mode(np.log(tau), b)
+                np.testing.assert_allclose(mode, expected, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(draws[1], draws[2])
