@@ -24,8 +24,9 @@ Times are medians of paired, interleaved repeats (``_timing.time_interleaved``) 
 factorizations per call counted; build and compile time printed apart. The dense path
 (``hessian_structure="dense"``) runs where N ≤ 3,000, for the ratio. With ``--recover``,
 ``recover_latent`` draws the field for 1,000 posterior draws of θ (one chain, θ scattered
-around (b, log σ) = (1, −0.5)), timed once, and (same run) 200 draws visited in sampling order
-against the nearest-neighbour tour it uses.
+around (b, log σ) = (1, −0.5)), timed once (its compilation included) with the factorizations
+per draw counted, then (same run) 500 draws (two runs of the tour) on one thread against two
+(``cores=2``), and 200 draws visited in sampling order against the nearest-neighbour tour.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ def simplicial(fn, factorizations):
     return run
 
 
-def recover_seconds(marginal, draws=1000, in_sequence=False) -> float:
+def recover_seconds(marginal, draws=1000, in_sequence=False, cores=1) -> float:
     rng = np.random.default_rng(1)
     posterior = {
         "sigma": np.exp(-0.5 + 0.05 * rng.normal(size=(1, draws))),
@@ -132,7 +133,11 @@ def recover_seconds(marginal, draws=1000, in_sequence=False) -> float:
     try:
         _, seconds = timed_call(
             lambda: pmo.recover_latent(
-                marginal, az.from_dict(posterior=posterior), random_seed=2, progressbar=False
+                marginal,
+                az.from_dict(posterior=posterior),
+                random_seed=2,
+                progressbar=False,
+                cores=cores,
             )
         )
     finally:
@@ -191,8 +196,19 @@ def bench_size(m: int, count: Factorizations, repeats: int) -> int:
             flush=True,
         )
     if "--recover" in sys.argv:
+        before = count.count
         seconds = recover_seconds(marginal)
-        print(f"recover_latent, N = {m * m}, 1,000 draws (nearest-neighbour tour): {seconds:.1f} s")
+        per_draw = (count.count - before) / 1000
+        print(
+            f"recover_latent, N = {m * m}, 1,000 draws (nearest-neighbour tour, compilation "
+            f"included): {seconds:.1f} s, {per_draw:.2f} factorizations / draw"
+        )
+        one, two = recover_seconds(marginal, 500), recover_seconds(marginal, 500, cores=2)
+        print(
+            f"recover_latent, N = {m * m}, 500 draws: 1 thread {one:.1f} s, 2 threads "
+            f"{two:.1f} s, 1 / 2 threads = {one / two:.2f}",
+            flush=True,
+        )
         tour, sequence = recover_seconds(marginal, 200), recover_seconds(marginal, 200, True)
         print(
             f"recover_latent, N = {m * m}, 200 draws: tour {tour:.1f} s, sampling order "

@@ -9,12 +9,14 @@ rule.
 
 from __future__ import annotations
 
+import copy
 import math
 import threading
 
 import numpy as np
 import pytensor.tensor as pt
 from pytensor.graph.basic import Apply
+from pytensor.graph.replace import graph_replace
 
 from pymc_optim.backends import iterations as _iterations
 from pymc_optim.backends.packing import Packer
@@ -30,6 +32,7 @@ __all__ = [
     "canonical_step",
     "direct_call",
     "problem_rows",
+    "sequential_solve",
 ]
 
 #: Stop when max|F| ≤ tol: Newton converges quadratically, so 1e-8 costs one step more than 1e-4.
@@ -65,6 +68,12 @@ class NewtonOp(SolverOp):
     method = "newton"
     #: With `warm_start`: extrapolate along the last two solutions (`warm_start_point`).
     predictor = True
+    #: Start each solve with chord steps on the Jacobian of this Op's last successful solve in
+    #: this thread (unless the last extra input, "continued", is False), and return the last
+    #: evaluated iterate instead of taking the final Newton step (`iterations.newton`'s `chord`
+    #: and ``final_step=False``): set on the copies that `sequential_solve` makes; default
+    #: (numpy) backend only.
+    sequential = False
 
     def __init__(
         self,
@@ -171,6 +180,17 @@ class NewtonOp(SolverOp):
         rows = None
         if shape:
             rows = problem_rows([np.size(x0) for x0 in x0s], shape)
+        sequential = self.sequential and rows is None
+        chords = self.__dict__.setdefault("_chord", {}) if sequential else {}
+        if sequential and not extras[-1]:  # a new sequence: no chord steps on an older one's A
+            chords.pop(threading.get_ident(), None)
+        if sequential:
+            evaluate, last_jacobian = system, []
+
+            def system(z):
+                m, F, A = evaluate(z)
+                last_jacobian[:] = [A]
+                return m, F, A
 
         def run(z0):
             return _iterations.newton(
@@ -182,6 +202,8 @@ class NewtonOp(SolverOp):
                 tol=self.tol,
                 max_iter=self.max_iter,
                 rows=rows,
+                chord=chords.get(threading.get_ident()),
+                final_step=not sequential,
             )
 
         theta = _theta(params) if self.warm_start else None
@@ -199,6 +221,8 @@ class NewtonOp(SolverOp):
                 system, z, success, structure=self.condition.structure, rows=rows
             )
             n_evaluations = n_evaluations + more_evaluations
+        if sequential and success.all():
+            chords[threading.get_ident()] = last_jacobian[0]
         if self.warm_start and success.all():
             history = self._warm_starts().setdefault(threading.get_ident(), [])
             history.append((theta, np.array(z, dtype="float64", copy=True)))
@@ -260,7 +284,44 @@ class NewtonOp(SolverOp):
         state = super().__getstate__()
         state.pop("_warm", None)
         state.pop("_direct", None)
+        state.pop("_chord", None)
         return state
+
+
+def sequential_solve(solution, start, jacobian):
+    """The solve of `solution` (x* of a one-control `NewtonOp`) from `start`, for a sequence
+    of nearby solves whose order and starts the caller fixes (latent draws along a tour).
+
+    The Op is copied without its warm start and canonical step, with chord steps on the last
+    solve's Jacobian (``NewtonOp.sequential``) unless `start` is the Op's own x0 (a cold start
+    begins a new sequence, so that a sequence's solves depend on its own starts alone), and it
+    returns its last evaluated iterate z: the final Newton step x = z − A(z)⁻¹F(z) is taken here
+    in the graph, with A(z) = `jacobian` (a graph of `solution`, compact in the structure) at z,
+    the matrix the loop factorized last. A caller that uses that A (a draw from its factor) then
+    shares the factorization (the sparse Ops cache the last factor by value), and the next
+    solve's chord steps reuse it again: one factorization per solve when the chord steps
+    converge. x is exact to rounding as the Op's own x* (Newton's error squared); its last bits
+    depend on `start`.
+
+    Returns ``(x, z, A(z), replacements)``, the last mapping `solution`'s node outputs to the
+    new node's (success and the counters), or None when `solution` is not such a solve.
+    """
+    owner = solution.owner
+    op = None if owner is None else owner.op
+    if not isinstance(op, NewtonOp) or op.n_controls != 1 or op.batch_ndim:
+        return None
+    op = copy.copy(op)  # sharing the compiled inner functions (`_compiled`, one dict)
+    op.warm_start, op.sequential = False, True
+    op.n_extras += 1  # "continued"
+    x0, *inputs = owner.inputs
+    start = pt.as_tensor_variable(start).astype(x0.dtype)
+    continued = pt.any(pt.neq(start, x0))
+    outputs = op.make_node(start, *inputs, continued).outputs
+    z = outputs[0]
+    (residual,) = op.inner_on([z], inputs[: op.n_params], [op.condition.flat_residual()])
+    at_z = graph_replace(jacobian, {solution: z}, strict=False)
+    step = op.condition.structure.solve(at_z, residual, transposed=False, symmetric=True)
+    return z - step, z, at_z, dict(zip(owner.outputs, outputs, strict=True))
 
 
 #: `canonical_step` rounds the solution to 2⁻²⁴ of its scale (a power of two ≥ max|z|, at least 1).

@@ -158,9 +158,14 @@ class SolverOp(Op, HasInnerGraph):
         return graph_replace(list(outputs), replace, strict=False)
 
     def _compiled_functions(self) -> dict:
-        """The inner functions, compiled once per thread (a PyTensor function holds its own
-        input and output storage, so threads, e.g. nutpie's chains, must not share one)."""
+        """The inner functions, one set per thread (a PyTensor function holds its own input
+        and output storage, so threads, e.g. nutpie's chains, must not share one): compiled in
+        the first thread, copies (`Function.copy`, own storage, no compilation) in the others."""
         compiled = self._compiled.get(threading.get_ident())
+        if compiled is None and self._compiled:
+            first = list(self._compiled.values())[0]
+            compiled = {name: _thread_copy(fn) for name, fn in first.items()}
+            self._compiled[threading.get_ident()] = compiled
         if compiled is None:
             compiled = {
                 name: pytensor.function(
@@ -270,6 +275,14 @@ class SolverOp(Op, HasInnerGraph):
 
     def __str__(self):
         return f"{type(self).__name__}{{method={getattr(self, 'method', '?')}}}"
+
+
+def _thread_copy(fn):
+    """`fn.copy()` (own storage, no compilation) for another thread, with `fn`'s
+    ``trust_input``, which `Function.copy` does not carry over (`direct_call` needs it)."""
+    copied = fn.copy()
+    copied.trust_input = fn.trust_input
+    return copied
 
 
 def _count(n) -> np.ndarray:

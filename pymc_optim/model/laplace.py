@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import copy
 import threading
 import warnings
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import nullcontext
 from typing import NamedTuple
 
 import numpy as np
@@ -31,6 +32,7 @@ from pytensor.tensor.variable import TensorVariable
 
 from pymc_optim._modes import PYTHON_MODE
 from pymc_optim._warnings import PymcOptimWarning
+from pymc_optim.backends import newton as _newton
 from pymc_optim.backends.newton import NewtonOp
 from pymc_optim.backends.packing import Packer
 from pymc_optim.graph.inner_graph import static_size
@@ -414,6 +416,7 @@ def recover_latent(
     random_seed=None,
     progressbar: bool = True,
     mean_correction: bool = True,
+    cores: int = 1,
     mode=None,
 ):
     """Draw the latent field for every posterior draw of the hyperparameters.
@@ -428,9 +431,12 @@ def recover_latent(
     Each draw's inner solve is its own problem, with its success recorded per draw. A chain's
     draws are visited in a nearest-neighbour tour of their hyperparameters (standardized), and
     each solve starts at the mode of the draw visited before it (a close θ, so a solve takes
-    few Newton steps), or at the model's initial point at the first draw and after a failed
-    solve; the mode it converges to does not depend on the start, and each draw keeps its place
-    (and its noise) in the posterior. One function is compiled for a draw: the solve (the
+    few Newton steps: chord steps on the previous draw's factor of H, then one factorization),
+    or at the model's initial point at the first draw of each run of `RUN_DRAWS` draws along
+    the tour and after a failed solve; the mode it converges to does not depend on the start
+    (to rounding), and each draw keeps its place (and its noise) in the posterior. The runs are
+    walked by `cores` threads (the sparse kernels release the GIL); the draws do not depend on
+    how many. One function is compiled for a draw: the solve (the
     marginal's own graph for x*(θ) and H), the draw from H's factor and the map to the latent
     variables, kept with the marginal model so that another call on it compiles nothing. The
     marginal is not vectorized over draws, whose stacked copy compiles far more slowly (more
@@ -454,6 +460,11 @@ def recover_latent(
         correction removes that first-order term, and is zero where the likelihood is Gaussian.
         It costs one reverse pass through H(x) and one solve per draw. ``False`` draws from
         N(x*, H⁻¹).
+    cores : int, default 1
+        Threads walking the runs (each with a copy of the compiled function, no second
+        compilation). More than one pays with a sparse Hessian, whose factorizations and solves
+        run outside the GIL, on cores that nothing else uses (``benchmarks/README.md``,
+        ``bench_sparse_laplace.py``); on busy cores the threads only compete.
     mode : str or pytensor.compile.Mode, optional
         The PyTensor backend that compiles the draw function, e.g. ``"NUMBA"`` or ``"JAX"``
         (pass the one the sampling used, e.g. ``"NUMBA"`` after nutpie). Default: PyTensor's
@@ -514,6 +525,8 @@ def recover_latent(
     """
     _check_model(marginal_model, "marginal_model", "recover_latent")
     _check_flag(mean_correction, "mean_correction", "centre the draws at the mode")
+    if isinstance(cores, bool) or not isinstance(cores, int | np.integer) or cores < 1:
+        raise ValueError(f"`cores` must be a positive integer; got {cores!r}.")
     node = _laplace_node(marginal_model)
     rng = np.random.default_rng(random_seed)
     posterior = idata.posterior
@@ -525,7 +538,15 @@ def recover_latent(
     for rv in rvs:
         _check_draw_shape(rv, posterior[rv.name].shape, n_chains, n_draws)
 
-    solve = _recovery_function(marginal_model, node, mean_correction, compile_mode=mode)
+    compiled = _recovery_function(marginal_model, node, mean_correction, compile_mode=mode)
+    owner, local = threading.get_ident(), threading.local()
+
+    def solve(draw, point, start, noise):
+        fn = getattr(local, "fn", None)
+        if fn is None:  # another thread: a copy with its own storage (no compilation)
+            fn = local.fn = compiled if threading.get_ident() == owner else compiled.copy()
+        return _outputs_mode_success(fn(*point, start, noise))
+
     draws = [np.asarray(posterior[rv.name].values, dtype=rv.type.dtype) for rv in rvs]
     orders = [
         _nearest_neighbour_order(
@@ -535,11 +556,13 @@ def recover_latent(
     ]
     per_chain = _recover(
         marginal_model,
-        lambda draw, point, start, noise: _outputs_mode_success(solve(*point, start, noise)),
+        solve,
         draws,
         rng,
         progressbar,
         order=orders,
+        run=RUN_DRAWS,
+        threads=int(cores),
     )
     _store_recovered(marginal_model, posterior, per_chain)
     return idata
@@ -549,8 +572,13 @@ def _recovery_function(marginal_model: pm.Model, node, mean_correction: bool, *,
     """The compiled map (hyperparameters, start, standard noise) → (the latent variables and
     their Deterministics at one draw, the mode, success) of `marginal_model`'s Laplace `node`:
     the inner solve from `start`, H at the mode and the draw of N(x* + δ, H⁻¹) in one function,
-    so that the draw shares the marginal's H (one evaluation) and its factorization (the
-    sparse Ops cache the last factor by value), and one compilation serves both.
+    so that the draw shares the solve's H and its factorization (the sparse Ops cache the last
+    factor by value), and one compilation serves both.
+
+    A Newton solve is `newton.sequential_solve`'s (chord steps on the previous draw's H, the
+    final Newton step in this graph): H and δ are taken at its last iterate z, whose H the
+    loop factorized, and the draw is centred at x* = z − H(z)⁻¹F(z) + δ. z is within the
+    solver's tolerance of x*, so H(z) and δ(z) are H(x*) and δ(x*) to that tolerance.
 
     Kept per marginal graph, thread, `mean_correction` and `compile_mode` (a compiled function
     holds its own storage, so threads must not share one): a second `recover_latent` on the
@@ -564,9 +592,15 @@ def _recovery_function(marginal_model: pm.Model, node, mean_correction: bool, *,
         return cache[key]
     _, mode, hessian, success, *params = node.inputs
     noise = mode.type("noise")
-    recovered = _recovery_draw(node, mode, hessian, noise, params, mean_correction)
     start = mode.type("start")
-    outputs = _warm_started([*recovered, mode, success], mode, start, canonical=False)
+    sequential = _newton.sequential_solve(mode, start, hessian)
+    if sequential is None:  # another solver: the same solve, started at `start`
+        recovered = _recovery_draw(node, mode, hessian, noise, params, mean_correction)
+        outputs = _warm_started([*recovered, mode, success], mode, start)
+    else:
+        x_star, z, at_z, replacements = sequential
+        recovered = _recovery_draw(node, z, at_z, noise, params, mean_correction, centre=x_star)
+        outputs = graph_replace([*recovered, x_star, success], replacements, strict=False)
     values = [rv.type(name=rv.name) for rv in rvs]
     outputs = graph_replace(outputs, dict(zip(rvs, values, strict=True)), strict=False)
     cache[key] = pytensor.function(
@@ -580,47 +614,35 @@ def _outputs_mode_success(values):
     return values[:-2], values[-2], values[-1]
 
 
-def _warm_started(outputs, solution, start, *, canonical: bool = True):
+def _warm_started(outputs, solution, start):
     """`outputs` (graphs of the Laplace mode x* = `solution`) with the inner solve starting at
     `start`.
 
     The mode does not depend on where Newton starts (up to its tolerance), but the number of
     iterations does: draw after draw, θ moves little, so starting each solve at the previous
     draw's mode takes a few iterations instead of the ~10 from the model's initial point.
-
-    With ``canonical=False`` a warm-starting Newton solve starts at `start` itself and skips
-    its canonical step (`pymc_optim.backends.newton.canonical_step`: one more evaluation and
-    factorization of H, which makes the mode the same bits from any start). The mode is then
-    exact to rounding all the same (the loop ends with a full Newton step); only its last bits
-    depend on `start`. For latent draws, whose order and starts are fixed by the caller.
     """
     owner = solution.owner
     if owner is None or getattr(owner.op, "n_controls", None) != 1:
         return outputs  # not a one-control solver Op: the start is unused
     x0 = owner.inputs[0]
-    op = owner.op
-    if not canonical and getattr(op, "warm_start", False):
-        # a copy sharing the Op's compiled inner functions (`_compiled`, one dict)
-        op = copy.copy(op)
-        op.warm_start = False
     # the same Op applied to the new start; its outputs replace the old ones (a constant start
     # cannot itself be replaced)
-    restarted = op.make_node(start.astype(x0.dtype), *owner.inputs[1:]).outputs
+    restarted = owner.op.make_node(start.astype(x0.dtype), *owner.inputs[1:]).outputs
     return graph_replace(outputs, dict(zip(owner.outputs, restarted, strict=True)), strict=False)
 
 
-def _recovery_draw(node, mode_in, hessian_in, noise, params, mean_correction):
-    """Graph of one latent draw of N(x* + δ, H⁻¹) at the mode `mode_in` and Hessian
-    `hessian_in` of the Laplace `node` (δ as in :func:`_mean_correction`), mapped through the
-    recovery graph with the parameters `params`: the latent variables and their Deterministics."""
+def _recovery_draw(node, mode_in, hessian_in, noise, params, mean_correction, centre=None):
+    """Graph of one latent draw of N(c + δ, H⁻¹) at the mode `mode_in` and Hessian `hessian_in`
+    of the Laplace `node` (δ as in :func:`_mean_correction`, at `mode_in`; c = `centre`, by
+    default `mode_in`), mapped through the recovery graph with the parameters `params`: the
+    latent variables and their Deterministics."""
     op = node.op
     _, mode, hessian, *_ = node.inputs
     constraint = op.constraint
-    mean = mode_in
+    mean = mode_in if centre is None else centre
     if mean_correction:
-        mean = mode_in + _mean_correction(
-            op.structure, mode, hessian, mode_in, hessian_in, constraint
-        )
+        mean = mean + _mean_correction(op.structure, mode, hessian, mode_in, hessian_in, constraint)
     draw = op.structure.sample_gaussian(mean, hessian_in, noise)
     if constraint is not None:  # N(x_c + δ, H⁻¹) conditioned on A z = 0
         draw = krige(op.structure, hessian_in, constraint, draw)
@@ -686,38 +708,63 @@ def _mean_correction(structure, mode, hessian, at_mode, at_hessian, constraint=N
     return pt.switch(pt.all(_finite(shift)), shift, pt.zeros_like(shift))
 
 
-def _recover(marginal_model, solve, draws, rng, progressbar, *, order=None):
+#: `recover_latent` walks each chain's tour in runs of at most this many draws, each from the
+#: model's initial point (one cold solve per run: ~1 % of a run at N = 10⁴), so that the runs
+#: can go to different threads while the draws do not depend on how many there are.
+RUN_DRAWS = 250
+
+
+def _recover(marginal_model, solve, draws, rng, progressbar, *, order=None, run=None, threads=1):
     """Latent draws for the hyperparameter `draws` (one array per free variable, shaped
     (chain, draw, ...)): for each, `solve(draw, point, start, noise)` → (outputs, mode,
     success), the outputs (the latent variables and Deterministics) at one draw of
     N(mode + δ, H⁻¹) from the standard normal `noise`. Each draw is its own solve, started at
     the mode of the previous successful draw in `order` (the draw indices within a chain, the
     same for every chain or one list per chain; by default in sequence); a failed solve
-    restarts the next from the model's initial point. Returns per chain the list of outputs,
-    then success, each stacked over draws."""
+    restarts the next from the model's initial point. With `run`, each chain's visits are cut
+    into runs of at most `run` draws, each started at the initial point; with ``threads > 1``
+    the runs are walked by that many threads (the numba kernels release the GIL), and `solve`
+    must then be safe to call from several threads at once. Returns per chain the list of
+    outputs, then success, each stacked over draws."""
     node = _laplace_node(marginal_model)
     x0 = np.asarray(_initial_mode(node))
     n_chains, n_draws = draws[0].shape[:2]
-    per_chain = []
-    with _DrawProgress(progressbar, n_chains * n_draws) as progress:
-        for c in range(n_chains):
-            eps = rng.standard_normal((n_draws, x0.size)).astype(x0.dtype)
-            results = [None] * n_draws
-            start = x0
-            visits = order if order is None or np.ndim(order[0]) == 0 else order[c]
-            for i in range(n_draws) if visits is None else visits:
-                point = [d[c, i] for d in draws]
-                outputs, mode, success = solve(i, point, start, eps[i])
-                success = bool(np.all(success))
-                results[i] = [*outputs, success]
-                start = mode if success else x0
-                progress.advance()
-            per_chain.append([np.stack([r[k] for r in results]) for k in range(len(results[0]))])
-    return per_chain
+    eps = [rng.standard_normal((n_draws, x0.size)).astype(x0.dtype) for _ in range(n_chains)]
+    results = [[None] * n_draws for _ in range(n_chains)]
+    runs = []
+    for c in range(n_chains):
+        visits = order if order is None or np.ndim(order[0]) == 0 else order[c]
+        visits = list(range(n_draws) if visits is None else visits)
+        size = run or max(len(visits), 1)
+        runs += [(c, visits[k : k + size]) for k in range(0, len(visits), size)]
+
+    def walk(c, visits):
+        start = x0
+        for i in visits:
+            point = [d[c, i] for d in draws]
+            outputs, mode, success = solve(i, point, start, eps[c][i])
+            success = bool(np.all(success))
+            results[c][i] = [*outputs, success]
+            start = mode if success else x0
+            progress.advance()
+
+    threads = min(threads, len(runs))
+    with (
+        _DrawProgress(progressbar, n_chains * n_draws) as progress,
+        ThreadPoolExecutor(threads) if threads > 1 else nullcontext() as pool,
+    ):
+        if pool is None:
+            for r in runs:
+                walk(*r)
+        else:
+            for f in as_completed([pool.submit(walk, *r) for r in runs]):
+                f.result()
+    return [[np.stack([r[k] for r in res]) for k in range(len(res[0]))] for res in results]
 
 
 class _DrawProgress:
-    """A rich progress bar over the latent draws of every chain (or nothing)."""
+    """A rich progress bar over the latent draws of every chain (or nothing); `advance` may
+    be called from several threads (rich's progress takes a lock)."""
 
     def __init__(self, enabled: bool, total: int):
         self.bar = None

@@ -170,8 +170,14 @@ def disable_rewrites() -> None:
 
 
 def enable_rewrites() -> None:
-    """Undo :func:`disable_rewrites` (the state after ``import pymc_optim``; its example shows
-    both)."""
+    """Undo :func:`disable_rewrites` (the state after ``import pymc_optim``).
+
+    Examples
+    --------
+    >>> import pymc_optim as pmo
+    >>> pmo.disable_rewrites(); pmo.enable_rewrites(); pmo.rewrites_enabled()
+    True
+    """
     global _ENABLED
     _ENABLED = True
 

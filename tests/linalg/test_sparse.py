@@ -793,3 +793,144 @@ def test_vectorizing_the_sparse_ops_batches_the_values_without_a_blockwise_loop(
     for k in range(2):
         for g, want in zip(got, one(batch[k], rhs[k]), strict=True):
             np.testing.assert_allclose(g[k], want, rtol=RTOL, atol=1e-12)
+
+
+# --- sequences of nearby solves (recover_latent's) -------------------------------------------
+def softplus_grid(m):
+    """The structure, and per a the system and the merit of min ½ τ Σ (x_i − x_j)² + 0.05 Σ x²
+    + Σ (eˣ − a x) on an m × m grid (τ = 1.3), in numpy, as `iterations.newton` takes them (A
+    compact on the grid pattern)."""
+    edges = grid_edges(m)
+    structure = SparseStructure.from_edges(edges)
+    rows, cols, n = structure.pattern.rows, structure.pattern.cols, m * m
+    adjacency = sp.coo_matrix((np.ones(len(edges)), (edges[:, 0], edges[:, 1])), shape=(n, n))
+    adjacency = adjacency + adjacency.T
+    laplacian = sp.diags(np.asarray(adjacency.sum(axis=1)).ravel()) - adjacency
+    Q = (1.3 * laplacian + 0.1 * sp.identity(n)).tocsr()
+
+    def problem(a):
+        def merit(z):
+            return np.array([0.5 * z @ (Q @ z) + (np.exp(z) - a * z).sum()])
+
+        def system(z):
+            A = np.asarray(Q[rows, cols]).ravel() + np.where(rows == cols, np.exp(z)[rows], 0.0)
+            return merit(z), Q @ z + np.exp(z) - a, A
+
+        return system, merit
+
+    return structure, problem
+
+
+def test_chord_steps_reuse_the_last_factor_and_reach_the_newton_solution(monkeypatch):
+    """From the solution of a nearby problem, with its A as `chord`, the solve takes chord
+    steps on A's cached factor and factorizes once, at its last iterate z (``final_step=False``
+    returns z: max|F(z)| ≤ tol, and z − A(z)⁻¹F(z) is the cold solve's solution to rounding). A
+    chord matrix far from A (100 A) fails the contraction test at once and Newton takes over."""
+    from pymc_optim.backends import iterations
+
+    m, tol = 6, 1e-8
+    a = 1.0 + np.arange(m * m) % 3
+    structure, problem = softplus_grid(m)
+    kwargs = {"structure": structure, "minimization": True, "tol": tol, "max_iter": 50}
+    z_a, ok, _, _ = iterations.newton(*problem(a), np.zeros(m * m), **kwargs)
+    assert ok.all()
+    reference = problem(a)[0](z_a)[2]
+    system, merit = problem(a + 0.05)
+    expected, ok, _, cold_evaluations = iterations.newton(system, merit, z_a, **kwargs)
+    assert ok.all()
+    calls = []
+    original = _cholesky.factorize
+    monkeypatch.setattr(_cholesky, "factorize", lambda s, x: calls.append(1) or original(s, x))
+    for chord, newton_steps in [(reference, False), (100 * reference, True)]:
+        structure.solve_numpy(chord, np.ones(m * m))  # the chord matrix's factor, cached
+        calls.clear()
+        z, ok, _, n_evaluations = iterations.newton(
+            system, merit, z_a, chord=chord, final_step=False, **kwargs
+        )
+        _, F, A = system(z)
+        assert ok.all() and np.abs(F).max() <= tol
+        np.testing.assert_allclose(z - structure.solve_numpy(A, F), expected, rtol=0, atol=1e-14)
+        # chord steps: the last iterate's factorization alone (the solve above reuses it)
+        assert (len(calls) > 1) == newton_steps
+        assert n_evaluations[0] > 1
+
+
+def test_factor_caches_are_per_thread(monkeypatch):
+    """Two threads alternating between their own matrices on one pattern keep their own last
+    factor: each matrix is factorized once."""
+    import threading
+
+    H = grid_precision(4, seed=2)
+    pattern, values = SparsePattern.from_scipy(H)
+    calls = []
+    original = _cholesky.factorize
+    monkeypatch.setattr(_cholesky, "factorize", lambda s, x: calls.append(1) or original(s, x))
+    turns = [threading.Event(), threading.Event()]
+
+    def work(k):
+        for _ in range(3):
+            turns[k].wait()
+            turns[k].clear()
+            assert pattern._factor(values * (k + 1))[0] is not None
+            turns[1 - k].set()
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in (0, 1)]
+    for thread in threads:
+        thread.start()
+    turns[0].set()
+    for thread in threads:
+        thread.join()
+    assert len(calls) == 2
+
+
+def test_recover_latent_factorizes_once_per_draw_and_threads_keep_the_draws(monkeypatch):
+    """Along the tour each draw's solve takes chord steps on the previous draw's factor and
+    factorizes H once, at its last iterate, whose factor the draw reuses: one factorization per
+    draw after each run's cold solve. Each draw's mode is the cold solve's to rounding, and the
+    runs (here of 10 draws) walked by two threads give the draws of one thread bit for bit."""
+    import arviz as az
+
+    from pymc_optim.model import laplace
+
+    model, edges = gmrf_poisson_model(6)
+    marginal = pmo.marginalize_laplace(
+        model, "x", hessian_structure=SparseStructure.from_edges(edges)
+    )
+    info = pmo.laplace_info(marginal)
+    cold_mode = pytensor.function(
+        marginal.value_vars, marginal.replace_rvs_by_values([info.mode])[0]
+    )
+    rng = np.random.default_rng(5)
+    posterior = {"tau": np.exp(rng.normal(0.2, 0.05, (2, 30))), "b": rng.normal(0.4, 0.02, (2, 30))}
+    monkeypatch.setattr(laplace, "RUN_DRAWS", 10)
+    calls, solves = [], []
+    original_factorize, original_recover = _cholesky.factorize, laplace._recover
+    monkeypatch.setattr(
+        _cholesky, "factorize", lambda s, x: calls.append(1) or original_factorize(s, x)
+    )
+
+    def recording(marginal_model, solve, *args, **kwargs):
+        def spy(draw, point, start, noise):
+            before = len(calls)
+            outputs, mode, success = solve(draw, point, start, noise)
+            solves.append((bool(start.any()), len(calls) - before, point, mode))
+            return outputs, mode, success
+
+        return original_recover(marginal_model, spy, *args, **kwargs)
+
+    monkeypatch.setattr(laplace, "_recover", recording)
+    draws = {}
+    for cores in (1, 2):
+        idata = pmo.recover_latent(
+            marginal, az.from_dict(posterior=posterior), random_seed=4, progressbar=False,
+            cores=cores,
+        )  # fmt: skip
+        assert bool(idata.posterior["x_solved"].all())
+        draws[cores] = idata.posterior["x"].values
+        if cores == 1:
+            assert sum(not warm for warm, *_ in solves) == 6  # one cold start per run
+            assert [n for warm, n, *_ in solves if warm] == [1] * 54
+            for _, _, (tau, b), mode in solves:
+                expected = cold_mode(np.log(tau), b)
+                np.testing.assert_allclose(mode, expected, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(draws[1], draws[2])
