@@ -525,6 +525,7 @@ def recover_latent(
     """
     _check_model(marginal_model, "marginal_model", "recover_latent")
     _check_flag(mean_correction, "mean_correction", "centre the draws at the mode")
+    _check_mode(mode)
     if isinstance(cores, bool) or not isinstance(cores, int | np.integer) or cores < 1:
         raise ValueError(f"`cores` must be a positive integer; got {cores!r}.")
     node = _laplace_node(marginal_model)
@@ -974,6 +975,21 @@ def _check_flag(value, argument: str, what_false_does: str) -> None:
             f"`{argument}` must be True or False; got {value!r}. Pass `{argument}=False` to "
             f"{what_false_does}."
         )
+
+
+def _check_mode(mode) -> None:
+    """`recover_latent`'s `mode` names a PyTensor compile mode (or is one)."""
+    if mode is None:
+        return
+    from pytensor.compile.mode import get_mode
+
+    try:
+        get_mode(mode)
+    except (ValueError, TypeError) as error:
+        raise ValueError(
+            f"`mode` must be a PyTensor compile mode, e.g. 'NUMBA', 'JAX' or None (the default "
+            f"C backend); got {mode!r} ({error})."
+        ) from None
 
 
 def _check_draw_shape(rv, shape, n_chains: int, n_draws: int) -> None:

@@ -737,6 +737,13 @@ def test_recover_latent_on_a_model_not_made_by_marginalize_laplace_raises():
         pmo.recover_latent(intercepts_model(), idata, progressbar=False)
 
 
+def test_recover_latent_with_an_unknown_mode_names_the_argument():
+    marginal = pmo.marginalize_laplace(poisson_model(), "x")
+    idata = az.from_dict(posterior={"mu": np.zeros((1, 2)), "tau": np.ones((1, 2))})
+    with pytest.raises(ValueError, match=r"`mode` must be a PyTensor compile mode.*'FOO'"):
+        pmo.recover_latent(marginal, idata, mode="FOO", progressbar=False)
+
+
 def test_recover_latent_without_the_hyperparameters_raises():
     idata = az.from_dict(posterior={"mu": np.zeros((1, 2)), "sigma_y": np.ones((1, 2))})
     marginal = pmo.marginalize_laplace(intercepts_model(sigma_y_free=True), "x")
