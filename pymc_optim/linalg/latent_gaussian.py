@@ -363,7 +363,7 @@ class CholeskyInverse(Op):
     def perform(self, node, inputs, output_storage):
         (L,) = inputs
         n = L.shape[0]
-        if n and np.all(np.isfinite(np.diagonal(L))) and np.all(np.isfinite(L)):
+        if n and np.all(np.isfinite(L)):
             # potri reads the lower triangle of a Fortran-ordered factor: Lᵀ of a C-ordered L
             # is that array (the upper triangle in C order), read as upper
             a = L.T if L.flags.c_contiguous else np.asfortranarray(L)
