@@ -58,19 +58,7 @@ def newton(*args, **kwargs):
         return _newton(*args, **kwargs)
 
 
-def _newton(
-    system,
-    merit,
-    z0,
-    *,
-    structure,
-    minimization: bool,
-    tol: float,
-    max_iter: int,
-    rows=None,
-    chord=None,
-    final_step: bool = True,
-):
+def _newton(system, merit, z0, *, rows=None, **options):
     """Damped Newton on F(z) = 0 with an Armijo backtracking line search on a merit function.
 
     `z` may stack B independent problems (a native batch): ``rows`` (B, n) holds the indices of
@@ -110,23 +98,22 @@ def _newton(
     max|F| ≤ tol, so that the caller can take that step in its own graph from the A the loop
     factorized last (and reuse its factor).
 
+    `options`: ``structure``, ``minimization``, ``tol`` and ``max_iter``, all required, and for
+    one problem ``chord`` and ``final_step``; `_newton_one` and `_newton_batch` take them by
+    name, so a missing or misspelled one is a TypeError there.
+
     Returns ``(z, success, n_iterations, n_evaluations)``, the last three of shape (B,).
     """
     z = np.array(z0, dtype="float64")
     if rows is None or rows.shape[0] == 1:
-        return _newton_one(
-            system,
-            merit,
-            z,
-            structure=structure,
-            minimization=minimization,
-            tol=tol,
-            max_iter=max_iter,
-            chord=chord,
-            final_step=final_step,
-        )
-    if chord is not None or not final_step:
+        return _newton_one(system, merit, z, **options)
+    if options.pop("chord", None) is not None or not options.pop("final_step", True):
         raise ValueError("`chord` and `final_step=False` are for one problem (`rows` None).")
+    return _newton_batch(system, merit, z, rows, **options)
+
+
+def _newton_batch(system, merit, z, rows, *, structure, minimization, tol, max_iter):
+    """`_newton` for B > 1 problems stacked in z, problem b's elements at ``rows[b]``."""
     n_problems, width = rows.shape
     if np.array_equal(rows.ravel(), np.arange(z.size)):  # contiguous problems: views, no copies
 
