@@ -161,3 +161,38 @@ def test_newton_decisions_agree_across_backends(name):
     if name == "full_steps":
         assert_allclose(value, np.log(a_value), atol=1e-8)
         assert n_evaluations == n_iterations + 1  # one system call per iteration
+
+
+def test_failures_are_counted_and_warned_under_jax_without_a_callback_on_success():
+    """`CountFailures` and `WarnOnFailure` under JAX: one count (one warning) per failed call,
+    none for a successful one, inside ``jax.jit`` and through ``jax.grad`` of the jaxified
+    graph; a successful call makes no host callback (the report is in a branch taken only on
+    failure, and XLA must not drop it)."""
+    import warnings
+
+    import jax
+    from pytensor.link.jax.dispatch import jax_funcify
+
+    from pymc_optim.model.failure import FAILED_EVALUATIONS, WarnOnFailure, count_failures
+
+    x = pt.vector("x")
+    label = "test_failures_are_counted_under_jax"
+    success = count_failures(pt.all(x > 0), label)
+    counted = pytensor.function([x], success, mode="JAX")
+    before = FAILED_EVALUATIONS[label]
+    assert [bool(counted(v)) for v in [np.ones(2), -np.ones(2), -np.ones(2)]] == [1, 0, 0]
+    assert FAILED_EVALUATIONS[label] - before == 2
+
+    warned = WarnOnFailure("the test solve failed")(x**2, pt.all(x > 0)).sum()
+    fgraph = pytensor.graph.FunctionGraph([x], [warned], clone=True)
+    value_and_grad = jax.jit(jax.value_and_grad(lambda v: jax_funcify(fgraph)(v)[0]))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        value, grad = value_and_grad(np.ones(2))
+        jax.block_until_ready(grad)
+        assert not caught
+        value, grad = value_and_grad(-np.ones(2))
+        jax.block_until_ready(grad)
+    assert [str(w.message) for w in caught] == ["the test solve failed; using its last iterate."]
+    assert_allclose(grad, [-2.0, -2.0])
+    assert "debug_callback" not in str(jax.make_jaxpr(lambda v: jax_funcify(fgraph)(v))(np.ones(2)))
