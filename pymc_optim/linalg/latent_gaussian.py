@@ -50,6 +50,7 @@ from pytensor.compile.builders import OpFromGraph
 from pytensor.gradient import DisconnectedType, grad
 from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
+from pytensor.ifelse import ifelse
 from pytensor.tensor.basic import Join
 from pytensor.tensor.elemwise import DimShuffle
 from pytensor.tensor.slinalg import Cholesky
@@ -175,8 +176,13 @@ class LatentGaussianStructure(LinearStructure):
             return pt.all(_finite(L))[None]
         K, w = _parts(A)
         L_K = pt.linalg.cholesky(K, on_error="nan")
-        L_M = pt.linalg.cholesky(_m_matrix(L_K, w), on_error="nan")
-        return (pt.all(_finite(L_K)) & pt.all(_finite(L_M)))[None]
+        # M ≥ I when w ≥ 0 (as `positive_definite_numpy` argues): factorized only otherwise
+        M_positive = ifelse(
+            pt.all(w >= 0),
+            pt.as_tensor(np.array(True)),
+            pt.all(_finite(pt.linalg.cholesky(_m_matrix(L_K, w), on_error="nan"))),
+        )
+        return (pt.all(_finite(L_K)) & M_positive)[None]
 
     def sample_gaussian(self, mean, precision, noise) -> TensorVariable:
         """mean + v with v ~ N(0, A⁻¹), from standard normal `noise`."""
