@@ -75,6 +75,8 @@ class NewtonOp(SolverOp):
     #: (numpy) backend only.
     sequential = False
 
+    # One attribute per option, as the scipy Ops store theirs (backends/scipy/ops.py): a
+    # duplicate-code scan pairs the attribute lists, which share nothing but their shape.
     def __init__(
         self,
         problem: InnerProblem,

@@ -148,6 +148,8 @@ TAG = "pmo_structured_linalg"
 _ENABLED = True
 
 
+# disable_rewrites and enable_rewrites are two public switches, each with its example (the docs
+# test asks every public function for one); a duplicate-code scan pairs their shape.
 def disable_rewrites() -> None:
     """Turn off, for the rest of the process, every graph change that importing pymc_optim
     makes to graphs that do not contain its solvers.
