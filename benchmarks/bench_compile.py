@@ -1,0 +1,143 @@
+"""Seconds from a model to a compiled Laplace marginal and to recovered latents, cold compile
+cache (issue 19 item 4: ≤ 60 s each for every model of ``bench_coupled.py``).
+
+Run ``python benchmarks/bench_compile.py [--models finland100 icar100 ...]``. A script, not a
+test: it prints one markdown table and exits 0 whatever the timings.
+
+Each model runs in its own child process with an empty PyTensor compile directory (what a user
+meets on a new machine, or after a PyTensor upgrade): nothing is reused from an earlier model or
+run. Columns, each its own step in that order:
+
+- *build*: ``pmo.marginalize_laplace(model, latent)`` (the structure probe included);
+- *compile*: ``logp_dlogp_function`` (what ``pm.sample`` compiles), C backend;
+- *first call*: one logp+gradient at the initial point (the first inner solve);
+- *sample 10+10*: ``pm.sample(10, tune=10, chains=1)`` on the marginal, which compiles its own
+  functions again (PyMC's), so that recovery has a posterior to work on;
+- *recover*: ``pmo.recover_latent`` on those 10 draws, its compilation included (its figure is
+  compile-dominated: a draw costs milliseconds).
+
+*total to a marginal* = build + compile + first call; the target applies to it and to
+*recover*.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+MODELS = {
+    "finland100": "Finland GP, 100 counties",
+    "finland500": "GP, 500 synthetic points",
+    "hsgp": "Finland as pm.gp.HSGP(m=[10, 10])",
+    "icar100": "ICAR, 100 areas",
+    "icar1000": "ICAR, 1,000 areas (dense)",
+    "ar1000": "AR(1), 1,000 steps",
+}
+
+
+def build_model(key: str):
+    """(model, latent name) of `key`, as `bench_coupled.py` builds them."""
+    from bench_coupled import ar_model, hsgp_model, icar_model, synthetic_finland
+
+    from pymc_optim.datasets import finland_model, load_finland
+
+    if key == "finland100":
+        return finland_model(load_finland()), "theta"
+    if key == "finland500":
+        return finland_model(synthetic_finland(500)), "theta"
+    if key == "hsgp":
+        return hsgp_model(load_finland()), "theta"
+    if key.startswith("icar"):
+        return icar_model(int(key[4:])), "phi"
+    return ar_model(1000), "f"
+
+
+def measure(key: str) -> dict:
+    """The figures of one model, in this process (whose compile directory is empty)."""
+    import warnings
+
+    import numpy as np
+    import pymc as pm
+
+    import pymc_optim as pmo
+
+    warnings.simplefilter("ignore")
+    model, latent = build_model(key)
+    seconds = {}
+    t0 = time.perf_counter()
+    marginal = pmo.marginalize_laplace(model, latent)
+    seconds["build"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    fn = marginal.logp_dlogp_function(ravel_inputs=True)
+    seconds["compile"] = time.perf_counter() - t0
+    fn.set_extra_values({})
+    point = marginal.initial_point()
+    q = np.concatenate([np.ravel(point[v.name]) for v in fn._grad_vars])
+    t0 = time.perf_counter()
+    fn(q)
+    seconds["first call"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    with marginal:
+        idata = pm.sample(
+            10,
+            tune=10,
+            chains=1,
+            cores=1,
+            random_seed=1,
+            progressbar=False,
+            compute_convergence_checks=False,
+        )
+    seconds["sample 10+10"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    pmo.recover_latent(marginal, idata, random_seed=2, progressbar=False)
+    seconds["recover"] = time.perf_counter() - t0
+    return seconds
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(measure(args.child)))
+        return
+    from _timing import git_revision
+
+    import pymc_optim as pmo
+
+    print(f"commit {git_revision(pmo.__file__)}, one empty compile directory per model\n")
+    columns = ["build", "compile", "first call", "sample 10+10", "recover"]
+    print(f"| model | {' | '.join(columns)} | total to a marginal | ≤ 60 s |")
+    print("|---|" + "---|" * (len(columns) + 2), flush=True)
+    for key in args.models:
+        with tempfile.TemporaryDirectory(prefix="pytensor-cold-") as compiledir:
+            flags = [os.environ.get("PYTENSOR_FLAGS", ""), f"base_compiledir={compiledir}"]
+            env = dict(os.environ, PYTENSOR_FLAGS=",".join(f for f in flags if f))
+            child = subprocess.run(
+                [sys.executable, __file__, "--child", key],
+                env=env,
+                capture_output=True,
+                text=True,
+                cwd=os.path.dirname(__file__),
+            )
+        if child.returncode != 0:
+            print(f"| {MODELS[key]} | failed: {child.stderr.strip().splitlines()[-1]} |")
+            continue
+        s = json.loads(child.stdout.strip().splitlines()[-1])
+        total = s["build"] + s["compile"] + s["first call"]
+        met = "met" if max(total, s["recover"]) <= 60 else "not met"
+        cells = " | ".join(f"{s[c]:.1f}" for c in columns)
+        print(f"| {MODELS[key]} | {cells} | {total:.1f} | {met} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
