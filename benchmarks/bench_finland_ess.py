@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import queue
 import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -50,23 +51,26 @@ def row(name: str, posterior, seconds: float, steps: int) -> dict:
 
 def run_limited(run, limit: float | None):
     """`run()` in a forked child stopped after `limit` seconds (None: in this process); its
-    result, or None when stopped."""
+    result, or None when stopped. A child that ends without a result raises (a crash is not a
+    time-out)."""
     if limit is None:
         return run()
     context = multiprocessing.get_context("fork")
-    queue = context.Queue()
-    child = context.Process(target=lambda: queue.put(run()))
+    results = context.Queue()
+    child = context.Process(target=lambda: results.put(run()))
     child.start()
     t0 = time.perf_counter()
     while child.is_alive() and time.perf_counter() - t0 < limit:
         try:
-            return queue.get(timeout=1.0)
-        except Exception:  # queue.Empty: still sampling
+            return results.get(timeout=1.0)
+        except queue.Empty:  # still sampling
             continue
     try:  # finished between two polls
-        return queue.get(timeout=5.0)
-    except Exception:
+        return results.get(timeout=5.0)
+    except queue.Empty:
         pass
+    if not child.is_alive():
+        raise RuntimeError(f"the sampling child ended without a result (exit {child.exitcode})")
     child.kill()
     child.join()
     return None
