@@ -224,8 +224,13 @@ def test_finland_marginal_posterior_agrees_with_stans_embedded_laplace():
     marginal = pmo.marginalize_laplace(finland_model(), "theta")
     assert pmo.laplace_info(marginal).structure == LatentGaussianStructure(form="covariance")
     with marginal:
-        idata = pm.sample(draws=500, tune=500, chains=4, cores=1, random_seed=19, progressbar=False)
-    summary = az.summary(idata, var_names=list(STAN_FINLAND))
+        idata = pm.sample(
+            draws=1000, tune=1000, chains=4, cores=1, random_seed=19, progressbar=False
+        )
+    summary = az.summary(idata, var_names=list(STAN_FINLAND), round_to="none")
+    # R-hat unrounded (az.summary rounds to 2 decimals, so 1.005 read as 1.01). At 4 × 500
+    # draws ρ's R-hat was 1.002–1.008 over four seeds here (1.005–1.015 on CI): 1,000 draws a
+    # chain put the Vehtari et al. (2021) bound of 1.01 out of the reach of chance
     assert (summary["r_hat"] < 1.01).all(), summary
     for name, (stan_mean, stan_sd) in STAN_FINLAND.items():
         draws = idata.posterior[name].values.ravel()
