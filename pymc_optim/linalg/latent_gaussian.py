@@ -60,7 +60,13 @@ from scipy.linalg import lapack
 from pymc_optim.backends.deferred import after_import
 from pymc_optim.linalg.structure import LinearStructure, _finite
 
-__all__ = ["FORMS", "LatentGaussianStructure", "covariance_solve", "logdet_b"]
+__all__ = [
+    "FORMS",
+    "CovarianceConditionStructure",
+    "LatentGaussianStructure",
+    "covariance_solve",
+    "logdet_b",
+]
 
 FORMS = ("precision", "covariance")
 
@@ -155,11 +161,7 @@ class LatentGaussianStructure(LinearStructure):
         K, w = _parts(A)
         s = pt.sqrt(w)
         t = K @ rhs
-        if _parts(A, joined_only=True) is None:  # e.g. the numba loop's plain A: no custom Op
-            factor = pt.linalg.cholesky(_b_matrix(K, s), on_error="nan")
-        else:
-            factor = _b_cholesky(K, w)
-        v = _cholesky_solve(factor, s * t)
+        v = _cholesky_solve(_symbolic_b_factor(A, K, w, s), s * t)
         return t - K @ (s * v)
 
     def logdet_positive_definite(self, A) -> TensorVariable:
@@ -207,14 +209,9 @@ class LatentGaussianStructure(LinearStructure):
         if self.form == "precision":
             return _cho_solve_numpy(_cholesky_numpy(A), rhs)
         K, w = A[:-1], A[-1]
-        if not np.all(w >= 0):
-            raise np.linalg.LinAlgError("negative likelihood curvature: B = I + SKS undefined")
-        s = np.sqrt(w)
+        s, L = _b_factor_numpy(K, w)
         t = K @ rhs
-        B = s[:, None] * K * s
-        B.flat[:: len(s) + 1] += 1.0
-        v = _cho_solve_numpy(_cholesky_numpy(B, overwrite=True), s * t)
-        return t - K @ (s * v)
+        return t - K @ (s * _cho_solve_numpy(L, s * t))
 
     def solve_array(self, A, rhs, xp=np):
         """A⁻¹ rhs with numpy or jax.numpy (JAX: NaN where a Cholesky factorization fails)."""
@@ -225,9 +222,8 @@ class LatentGaussianStructure(LinearStructure):
         if self.form == "precision":
             return cho_solve((xp.linalg.cholesky(A), True), rhs)
         K, w = A[:-1], A[-1]
-        s = xp.sqrt(w)
+        s, L = _b_factor_jax(K, w)
         t = K @ rhs
-        L = xp.linalg.cholesky(xp.eye(s.shape[0], dtype=K.dtype) + s[:, None] * K * s)
         return t - K @ (s * cho_solve((L, True), s * t))
 
     def positive_definite_numpy(self, A: np.ndarray) -> np.ndarray:
@@ -248,6 +244,127 @@ class LatentGaussianStructure(LinearStructure):
         except np.linalg.LinAlgError:
             return np.array([False])
         return np.array([True])
+
+
+@dataclass(frozen=True)
+class CovarianceConditionStructure(LinearStructure):
+    """A = I + K W: the Jacobian of the covariance form's Newton condition written without K⁻¹.
+
+    For a latent z ~ N(μ, K) and w = diag ∇²(−log p(y | z)), the mode solves
+    G(z) = (z − μ) + K ∇(−log p(y | z)) = 0, K times the objective's gradient (the iteration of
+    Rasmussen & Williams 2006, Alg. 3.1, in f). Neither G, its Jacobian I + K W, nor the
+    solves need K⁻¹: with S = W^½ and B = I + S K S,
+
+        (I + K W)⁻¹ r = r − K S B⁻¹ S r,    (I + W K)⁻¹ r = r − S B⁻¹ S K r,
+
+    and det(I + K W) = det B. The compact A is [K; wᵀ], the layout of
+    ``LatentGaussianStructure(form="covariance")``, whose H = K⁻¹ + W has the same parts: the
+    Laplace marginal's log-determinant and the implicit pullback's solve share B's factor.
+    Needs w ≥ 0 (B's factor is NaN otherwise); "positive definite" means B is, which makes the
+    root of G the minimum. Chosen by `marginalize_laplace`, not passed as `structure=`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pymc_optim.linalg.latent_gaussian import CovarianceConditionStructure
+    >>> K = np.array([[2.0, 0.5], [0.5, 1.0]]); w = np.array([0.3, 1.2]); r = np.array([1.0, -1.0])
+    >>> y = CovarianceConditionStructure().solve_numpy(np.vstack([K, w]), r)
+    >>> bool(np.allclose(y, np.linalg.solve(np.eye(2) + K * w, r)))
+    True
+    """
+
+    kind: str = "covariance_condition"
+    block_size: int | None = None
+    from_parts_alone: ClassVar[bool] = True
+
+    def __post_init__(self):
+        self._require_keywords(
+            "covariance_condition", "no fields", "CovarianceConditionStructure()"
+        )
+
+    @property
+    def compact_ndim(self) -> int:
+        return 2  # [K; wᵀ]
+
+    # --- symbolic ------------------------------------------------------------------------------
+    def jacobian(self, F, xs, prior=None, curvature=None) -> TensorVariable:
+        """[K; wᵀ] from the prior covariance K and the curvature w (F itself is not used)."""
+        return _COVARIANCE.jacobian(F, xs, prior, curvature)
+
+    def jacobian_at_solution(self, prior, curvature) -> TensorVariable:
+        return _COVARIANCE.jacobian(None, None, prior, curvature)
+
+    def solve(self, A, rhs, *, transposed: bool = False, symmetric: bool = False):
+        """(I + K W)⁻¹ rhs, or (I + W K)⁻¹ rhs with `transposed`; NaN where B's factor fails."""
+        K, w = _parts(A)
+        s = pt.sqrt(w)
+        factor = _symbolic_b_factor(A, K, w, s)
+        if transposed:
+            return rhs - s * _cholesky_solve(factor, s * (K @ rhs))
+        return rhs - K @ (s * _cholesky_solve(factor, s * rhs))
+
+    def logdet_positive_definite(self, A) -> TensorVariable:
+        """log det(I + K W) = log det B (NaN if B is not positive definite)."""
+        return logdet_b(*_parts(A))
+
+    def positive_definite(self, A) -> TensorVariable:
+        """One boolean: B = I + W^½ K W^½ is positive definite (w ≥ 0 and its factor exists)."""
+        K, w = _parts(A)
+        return pt.all(_finite(_symbolic_b_factor(A, K, w, pt.sqrt(w))))[None]
+
+    # --- numerical (the Newton loops) ----------------------------------------------------------
+    def solve_numpy(self, A: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+        """(I + K W)⁻¹ rhs; raises numpy.linalg.LinAlgError when B is not positive definite."""
+        K, w = A[:-1], A[-1]
+        s, L = _b_factor_numpy(K, w)
+        return rhs - K @ (s * _cho_solve_numpy(L, s * rhs))
+
+    def solve_array(self, A, rhs, xp=np):
+        """(I + K W)⁻¹ rhs with numpy or jax.numpy (JAX: NaN where B's factor fails)."""
+        if xp is np:
+            return self.solve_numpy(A, rhs)
+        from jax.scipy.linalg import cho_solve
+
+        K, w = A[:-1], A[-1]
+        s, L = _b_factor_jax(K, w)
+        return rhs - K @ (s * cho_solve((L, True), s * rhs))
+
+    def positive_definite_numpy(self, A: np.ndarray) -> np.ndarray:
+        try:
+            _b_factor_numpy(A[:-1], A[-1])
+        except np.linalg.LinAlgError:
+            return np.array([False])
+        return np.array([True])
+
+
+_COVARIANCE = LatentGaussianStructure(form="covariance")
+
+
+def _symbolic_b_factor(A, K, w, s):
+    """B's lower factor: the `BCholesky` Op when A is the Join `jacobian` built (equal nodes
+    merge), else (e.g. the numba loop's plain A) the factor of B written out."""
+    if _parts(A, joined_only=True) is None:
+        return pt.linalg.cholesky(_b_matrix(K, s), on_error="nan")
+    return _b_cholesky(K, w)
+
+
+def _b_factor_numpy(K: np.ndarray, w: np.ndarray):
+    """(s, L): s = √w and the lower factor L of B = I + S K S, formed in one array; raises
+    numpy.linalg.LinAlgError when w < 0 somewhere or B is not positive definite."""
+    if not np.all(w >= 0):
+        raise np.linalg.LinAlgError("negative likelihood curvature: B = I + SKS undefined")
+    s = np.sqrt(w)
+    B = s[:, None] * K * s
+    B.flat[:: len(s) + 1] += 1.0
+    return s, _cholesky_numpy(B, overwrite=True)
+
+
+def _b_factor_jax(K, w):
+    """(s, L) as `_b_factor_numpy`, with jax.numpy (L NaN where the factorization fails)."""
+    import jax.numpy as jnp
+
+    s = jnp.sqrt(w)
+    return s, jnp.linalg.cholesky(jnp.eye(s.shape[0], dtype=K.dtype) + s[:, None] * K * s)
 
 
 def _b_matrix(K, s):

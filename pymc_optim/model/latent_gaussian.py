@@ -27,7 +27,7 @@ import pytensor.scalar as ps
 import pytensor.tensor as pt
 from pymc.model.fgraph import fgraph_from_model, model_free_rv, model_from_fgraph
 from pytensor.compile.ops import DeepCopyOp, ViewOp
-from pytensor.gradient import disconnected_grad, grad
+from pytensor.gradient import grad
 from pytensor.graph.replace import graph_replace
 from pytensor.graph.traversal import ancestors, io_toposort
 from pytensor.tensor.basic import NotScalarConstantError, get_underlying_scalar_constant_value
@@ -43,8 +43,8 @@ from pymc_optim.graph.inner_graph import static_size
 from pymc_optim.graph.solver_op import make_solution
 from pymc_optim.implicit import OptimalityCondition
 from pymc_optim.linalg.latent_gaussian import (
+    CovarianceConditionStructure,
     LatentGaussianStructure,
-    covariance_solve,
     logdet_b,
 )
 from pymc_optim.problems._arguments import check_optimizer_kwargs, newton_options, split_problem
@@ -178,53 +178,40 @@ def _diagonal_curvature(negative_likelihood, z, x, start, value, others, form, s
 
 
 def latent_gaussian_mode(objective, negative_likelihood, z, x0, prior, structure, kwargs):
-    """x* = argmin `objective` by graph-native Newton with A = Q + diag(w) built from parts, and
-    H at x* in the structure's compact form: ``(z_star, success, hessian, marginal)``.
+    """x* = argmin `objective` by graph-native Newton with A built from parts, and H at x* in
+    the structure's compact form: ``(z_star, success, hessian, marginal)``.
 
     `prior` is the latent's random variable (its parameters are the model's); Q (or K) enters
     the solver as one more parameter, computed once per evaluation outside it; w is one reverse
     pass of the likelihood inside each Newton step.
 
-    For the covariance form the solver minimizes (and `solution_info` reports) `objective`
-    less its terms free of z: −log p(y | z) + ½ (z − μ)ᵀK⁻¹(z − μ).
+    The covariance form never factorizes K. Newton solves G(z) = (z − μ) + K ∇(−log p(y | z))
+    = 0, K times the objective's gradient (Rasmussen & Williams 2006, Alg. 3.1), whose Jacobian
+    I + K W needs only B = I + W^½ K W^½ (`CovarianceConditionStructure`), with ½‖G‖² as merit;
+    `solution_info` reports −log p(y | z) − ½ (z − μ)ᵀ∇(−log p(y | z)), which at the mode is the
+    objective less its z-free terms, −log p(y | z) + ½ (z − μ)ᵀK⁻¹(z − μ).
 
     `marginal` is ℓ(x*) + (d/2) log 2π − ½ log det H written for the form, or None (the caller
     writes it from the joint density). For the covariance form it is Rasmussen & Williams'
-    (2006, Alg. 3.1) log p(y | x*) − ½ (x* − μ)ᵀK⁻¹(x* − μ) − ½ log det B: the prior's
-    log det K and that of H cancel, and K⁻¹ enters only through solves with K's Cholesky
-    factor, differentiated by hand (`covariance_solve`, `logdet_b`), so no Cholesky gradient
-    is in the graph. The Newton condition is then F = K⁻¹(z − μ) + ∇(−log p(y | z)), the same
-    function as the gradient of `objective`, written so that its pullback is one solve too.
+    log p(y | x*) − ½ (x* − μ)ᵀK⁻¹(x* − μ) − ½ log det B (the prior's log det K and that of H
+    cancel), with K⁻¹(x* − μ) = −∇(−log p(y | x*)) at the mode: as functions of the
+    hyperparameters the two forms are equal, so their gradients are too, and this one has no
+    solve with K. The log-determinant's B factor (`logdet_b`) is the one the implicit pullback
+    solves with.
     """
     matrix = prior_matrix(prior, structure.form)
     curvature = basis_curvature if structure.basis else likelihood_curvature
     options = newton_options(check_optimizer_kwargs(kwargs, reserved={}))
-    covariance = structure.form == "covariance"
-    if covariance:
-        # z has x0's static shape (a symbolic shape of z would tie the mean to z)
-        mean = pt.broadcast_to(prior.owner.inputs[2], z.type.shape).astype("float64")
-        # K's factor carries no gradient of its own (covariance_solve differentiates through K);
-        # marked so, the solver's pullback does not send a zero through Cholesky's gradient
-        factor = disconnected_grad(pt.linalg.cholesky(matrix, lower=True))
-        prior_gradient = covariance_solve(matrix, factor, z - mean)
-        merit = negative_likelihood + 0.5 * ((z - mean) * prior_gradient).sum()
-        # (the joint's own prior term is left out: its x-independent parts, matrix solves with
-        # L, would be computed for the solver on every evaluation and used by nothing)
-        problem = split_problem([merit, negative_likelihood, prior_gradient], [z])
-    else:
-        problem = split_problem([objective, negative_likelihood], [z])
+    if structure.form == "covariance":
+        return _covariance_mode(negative_likelihood, z, x0, prior, matrix, options)
+    problem = split_problem([objective, negative_likelihood], [z])
     problem, (inner_matrix,) = problem.with_parameters([matrix])
-    inner_objective, inner_negative_likelihood, *inner_prior_gradient = problem.inner_outputs
+    inner_objective, inner_negative_likelihood = problem.inner_outputs
     (inner_z,) = problem.inner_xs
-    if covariance:
-        # the merit: −log p(y | z) + ½ (z − μ)ᵀK⁻¹(z − μ), the objective less its z-free terms
-        residual = inner_prior_gradient[0] + grad(inner_negative_likelihood, inner_z)
-    else:
-        residual = grad(inner_objective, inner_z)
     condition = OptimalityCondition(
         problem.inner_xs,
         problem.inner_params,
-        [residual],
+        [grad(inner_objective, inner_z)],
         symmetric=True,
         structure=structure,
         parts=(inner_matrix, curvature(inner_negative_likelihood, inner_z)),
@@ -239,18 +226,50 @@ def latent_gaussian_mode(objective, negative_likelihood, z, x0, prior, structure
     )
     z_star, success = make_solution(op, [pt.as_tensor_variable(x0)], [], False)
     # H at x* as the implicit pullback builds A (`jacobian_at`): the same nodes twice, merged at
-    # compile time, so the log-determinant and the pullback's solve share one factorization of
-    # B (or of Q + W)
+    # compile time, so the log-determinant and the pullback's solve share one factorization
     hessian = condition.jacobian_at([z_star], problem.outer_params)
-    marginal = None
-    if covariance:
-        K, w = structure.compact_parts(hessian)
-        centred = z_star - mean
-        marginal = (
-            -graph_replace(negative_likelihood, {z: z_star}, strict=False)
-            - 0.5 * (centred * covariance_solve(K, factor, centred)).sum()
-            - 0.5 * logdet_b(K, w)
-        )
+    return z_star, success, hessian, None
+
+
+def _covariance_mode(negative_likelihood, z, x0, prior, K, options):
+    """`latent_gaussian_mode` for a prior z ~ N(μ, K): Newton on G(z) = (z − μ) + K ∇(−log
+    p(y | z)) = 0, K never factorized (see there)."""
+    # z has x0's static shape (a symbolic shape of z would tie the mean to z)
+    mean = pt.broadcast_to(prior.owner.inputs[2], z.type.shape).astype("float64")
+    likelihood_gradient = grad(negative_likelihood, z)  # ∇(−log p(y | z))
+    centred = z - mean
+    # at the mode K⁻¹(z − μ) = −∇(−log p(y | z)): the objective less its z-free terms
+    value = negative_likelihood - 0.5 * (centred * likelihood_gradient).sum()
+    problem = split_problem([value, negative_likelihood, centred + K @ likelihood_gradient], [z])
+    problem, (inner_K,) = problem.with_parameters([K])
+    inner_value, inner_negative_likelihood, residual = problem.inner_outputs
+    (inner_z,) = problem.inner_xs
+    condition = OptimalityCondition(
+        problem.inner_xs,
+        problem.inner_params,
+        [residual],
+        symmetric=False,
+        structure=CovarianceConditionStructure(),
+        parts=(inner_K, likelihood_curvature(inner_negative_likelihood, inner_z)),
+    )
+    # ½‖G‖² as merit: the Newton direction descends it (slope −‖G‖²); G is not a gradient
+    op = NewtonOp(
+        problem,
+        condition=condition,
+        merit=0.5 * (residual**2).sum(),
+        value=inner_value,
+        minimization=False,
+        **options,
+    )
+    z_star, success = make_solution(op, [pt.as_tensor_variable(x0)], [], False)
+    # [K; w*ᵀ]: the pullback's A = I + K W* and H = K⁻¹ + W* have the same parts, built by
+    # the same nodes (`jacobian_at`), so the log-determinant shares the pullback's B factor
+    hessian = condition.jacobian_at([z_star], problem.outer_params)
+    K_star, w_star = LatentGaussianStructure(form="covariance").compact_parts(hessian)
+    at_mode = graph_replace([negative_likelihood, likelihood_gradient], {z: z_star}, strict=False)
+    marginal = (
+        -at_mode[0] + 0.5 * ((z_star - mean) * at_mode[1]).sum() - 0.5 * logdet_b(K_star, w_star)
+    )
     return z_star, success, hessian, marginal
 
 

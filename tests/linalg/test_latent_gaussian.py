@@ -17,6 +17,7 @@ from numpy.testing import assert_allclose
 
 from pymc_optim.linalg.latent_gaussian import (
     BCholesky,
+    CovarianceConditionStructure,
     LatentGaussianStructure,
     cholesky_inverse,
     covariance_solve,
@@ -97,6 +98,51 @@ def test_covariance_form_refuses_negative_curvature_in_its_solve(case):
     A = _compact("covariance", prior, -w).eval()
     with pytest.raises(np.linalg.LinAlgError, match="negative likelihood curvature"):
         LatentGaussianStructure(form="covariance").solve_numpy(A, rhs)
+
+
+@pytest.mark.parametrize("mode", [None, "JAX", "NUMBA"])
+def test_covariance_condition_solves_i_plus_kw_without_factorizing_k(case, mode):
+    """A = I + K W, the Jacobian of (z − μ) + K∇(−log p(y | z)): its solves (and the
+    transposed one the implicit pullback makes), log det and positive-definiteness test against
+    dense algebra, symbolic in each backend and numerical (numpy, JAX), on the Join
+    `jacobian` builds and on a plain [K; wᵀ] array (the numba loop's A)."""
+    if mode is not None:
+        pytest.importorskip(mode.lower())
+    jax = pytest.importorskip("jax")
+    pytest.importorskip("pytensor.link.jax.dispatch")
+    K, w, rhs = case
+    structure = CovarianceConditionStructure()
+    jacobian = np.eye(N) + K * w  # I + K W
+    joined = structure.jacobian_at_solution(pt.as_tensor(K), pt.as_tensor(w))
+    # (JAX needs B's size, I's, static; the numba loop's A has none)
+    plain = pt.matrix("A", dtype="float64", shape=(N + 1, N) if mode == "JAX" else (None, None))
+    r = pt.vector("r", dtype="float64")
+    for A, inputs in [(joined, [r]), (plain, [plain, r])]:
+        outputs = [
+            structure.solve(A, r, transposed=False, symmetric=False),
+            structure.solve(A, r, transposed=True, symmetric=False),
+            structure.logdet_positive_definite(A),
+            structure.positive_definite(A),
+        ]
+        fn = pytensor.function(inputs, outputs, mode=mode)
+        args = [np.vstack([K, w]), rhs] if A is plain else [rhs]
+        solved, solved_t, logdet, positive = fn(*args)
+        assert_allclose(solved, np.linalg.solve(jacobian, rhs), rtol=1e-10)
+        assert_allclose(solved_t, np.linalg.solve(jacobian.T, rhs), rtol=1e-10)
+        assert_allclose(logdet, np.linalg.slogdet(jacobian)[1], rtol=1e-12)
+        assert positive.tolist() == [True]
+        names = [type(node.op).__name__ for node in fn.maker.fgraph.toposort()]
+        assert "Cholesky" not in names or A is plain  # (plain A: B's factor written out)
+    A_value = np.vstack([K, w])
+    assert_allclose(structure.solve_numpy(A_value, rhs), np.linalg.solve(jacobian, rhs), rtol=1e-10)
+    jax_solve = structure.solve_array(jax.numpy.asarray(A_value), jax.numpy.asarray(rhs), jax.numpy)
+    assert_allclose(np.asarray(jax_solve), np.linalg.solve(jacobian, rhs), rtol=1e-10)
+    assert structure.positive_definite_numpy(A_value).tolist() == [True]
+    negative = np.vstack([K, -w])
+    assert structure.positive_definite_numpy(negative).tolist() == [False]
+    assert fn(negative, rhs)[3].tolist() == [False]
+    with pytest.raises(np.linalg.LinAlgError, match="negative likelihood curvature"):
+        structure.solve_numpy(negative, rhs)
 
 
 def test_unknown_form_raises():
