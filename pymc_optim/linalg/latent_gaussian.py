@@ -25,12 +25,16 @@ embedded Laplace:
   of w: K⁻¹ + W = L_K⁻ᵀ M L_K⁻¹, and a draw of N(m, (K⁻¹ + W)⁻¹) is m + L_K L_M⁻ᵀ ε. The compact
   A is the (n + 1, n) array [K; wᵀ].
 
-For the covariance form's Laplace marginal (``marginalize_laplace``), three pieces with
-hand-written gradients keep every factorization single and every Cholesky gradient out of the
-graph: `covariance_solve` (K⁻¹ b from K's factor, differentiated through K), `logdet_b`
-(log det B, with ∂/∂K = W^½ B⁻¹ W^½ and ∂/∂w = diag((K⁻¹ + W)⁻¹) from B's factor) and
-`BCholesky` (B's factor from (K, w) in one Op, shared by the log-determinant, its gradient and
-the implicit pullback's solve). The Newton loop's numpy path calls LAPACK directly.
+The covariance form's Laplace marginal (``marginalize_laplace``) factorizes B alone: its
+Newton condition is G(z) = (z − μ) + K ∇(−log p(y | z)) = 0, whose Jacobian I + K W has the
+same compact parts (`CovarianceConditionStructure`), and at the mode K⁻¹(z − μ) is the
+likelihood's gradient. Two pieces with hand-written gradients keep that factorization single
+and Cholesky gradients out of the graph: `logdet_b` (log det B, with ∂/∂K = W^½ B⁻¹ W^½ and
+∂/∂w = diag((K⁻¹ + W)⁻¹) from B's factor) and `BCholesky` (B's factor from (K, w) in one Op,
+shared by the log-determinant, its gradient and the implicit pullback's solve). K's factor
+is needed only for latent draws (`sample_gaussian`). `covariance_solve` (K⁻¹ b differentiated
+through K alone) is for graphs that do need K⁻¹. The Newton loop's numpy path calls LAPACK
+directly.
 
 The structure's `jacobian` builds A from two parts of the optimality condition
 (``OptimalityCondition.parts``): the prior matrix (Q or K) and w, written on the solver's inner
