@@ -266,9 +266,13 @@ def _covariance_mode(negative_likelihood, z, x0, prior, K, options):
     # the same nodes (`jacobian_at`), so the log-determinant shares the pullback's B factor
     hessian = condition.jacobian_at([z_star], problem.outer_params)
     K_star, w_star = LatentGaussianStructure(form="covariance").compact_parts(hessian)
-    at_mode = graph_replace([negative_likelihood, likelihood_gradient], {z: z_star}, strict=False)
+    negative_likelihood_star, gradient_star = graph_replace(
+        [negative_likelihood, likelihood_gradient], {z: z_star}, strict=False
+    )
     marginal = (
-        -at_mode[0] + 0.5 * ((z_star - mean) * at_mode[1]).sum() - 0.5 * logdet_b(K_star, w_star)
+        -negative_likelihood_star
+        + 0.5 * ((z_star - mean) * gradient_star).sum()
+        - 0.5 * logdet_b(K_star, w_star)
     )
     return z_star, success, hessian, marginal
 
