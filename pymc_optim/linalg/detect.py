@@ -545,24 +545,37 @@ def dropped_entries(structure: LinearStructure, pattern: np.ndarray) -> np.ndarr
 
 
 def numeric_pattern(
-    vjp: Callable[[object, np.ndarray], np.ndarray], n: int, points: Sequence
+    vjp: Callable[[object, np.ndarray], np.ndarray],
+    n: int,
+    points: Sequence,
+    on_chunk: Callable[[], None] | None = None,
 ) -> np.ndarray | None:
     """The nonzero pattern of A (n × n) at `points`, or None if no point gives finite values.
 
     `vjp(point, W)` must return Wᵀ-products Aᵀ applied to the rows of `W` (shape (k, n)) at
     `point`, as rows: row r is (Aᵀ W_r)ᵀ = W_r A. The union over the first two finite points is
-    returned; points with a non-finite product are skipped.
+    returned; points with a non-finite product are skipped. `on_chunk()` is called after each
+    call of `vjp` (a progress bar: ⌈n / PROBE_CHUNK⌉ calls per point). Memory: two (n, n)
+    boolean arrays and one chunk of products, never an (n, n) array of floats.
     """
     pattern, found = np.zeros((n, n), dtype=bool), 0
     for point in points:
-        rows = [vjp(point, np.eye(n)[i : i + PROBE_CHUNK]) for i in range(0, n, PROBE_CHUNK)]
-        product = np.concatenate(rows)
-        if not np.all(np.isfinite(product)):
-            continue
-        pattern |= product != 0
-        found += 1
-        if found == 2:
-            return pattern
+        at_point = np.zeros((n, n), dtype=bool)
+        for start in range(0, n, PROBE_CHUNK):
+            k = min(PROBE_CHUNK, n - start)
+            directions = np.zeros((k, n))
+            directions[np.arange(k), start + np.arange(k)] = 1.0
+            rows = vjp(point, directions)
+            if on_chunk is not None:
+                on_chunk()
+            if not np.all(np.isfinite(rows)):
+                break
+            at_point[start : start + k] = rows != 0
+        else:
+            pattern |= at_point
+            found += 1
+            if found == 2:
+                return pattern
     return pattern if found else None
 
 

@@ -13,9 +13,11 @@ import pytest
 from pytensor.gradient import hessian, jacobian
 
 from pymc_optim.linalg.detect import (
+    PROBE_CHUNK,
     dropped_entries,
     hessian_structure,
     jacobian_structure,
+    numeric_pattern,
 )
 from pymc_optim.linalg.structure import LinearStructure, structure_from_pattern
 
@@ -155,3 +157,26 @@ def test_jacobian_of_row_wise_equations_is_block_diagonal():
     columns = [pt.tanh(S @ X) - X]
     assert jacobian_structure(columns, [X], [(3, 3)]).kind == "dense"
     assert structure_from_pattern(_exact_jacobian_pattern(columns, [X], [(3, 3)])).kind == "dense"
+
+
+def test_numeric_pattern_is_the_union_at_the_first_two_finite_points():
+    """Chunks of at most PROBE_CHUNK unit directions; a point whose products are not finite is
+    dropped at the first chunk that shows it; `on_chunk` counts the calls (a progress bar)."""
+    n = 2 * PROBE_CHUNK + 5
+    rng = np.random.default_rng(3)
+    matrices = [np.where(rng.uniform(size=(n, n)) < 0.01, rng.normal(size=(n, n)), 0.0)]
+    matrices += [np.where(rng.uniform(size=(n, n)) < 0.01, 1.0, 0.0) for _ in range(3)]
+    matrices[0][n - 1, 0] = np.nan  # the first point fails in its last chunk
+    seen, calls = [], []
+
+    def vjp(point, directions):
+        rows = directions.argmax(axis=1)
+        assert np.array_equal(directions, np.eye(n)[rows])  # unit directions, one per row
+        assert np.array_equal(rows, np.arange(rows[0], rows[0] + len(rows)))
+        seen.append(len(rows))
+        return matrices[point][rows]  # the rows W A, without 0 · NaN spreading a NaN
+
+    found = numeric_pattern(vjp, n, range(4), on_chunk=lambda: calls.append(1))
+    assert np.array_equal(found, (matrices[1] != 0) | (matrices[2] != 0))
+    assert max(seen) == PROBE_CHUNK and len(calls) == len(seen) == 9  # 3 chunks at 3 points
+    assert numeric_pattern(vjp, n, [0]) is None  # no finite point

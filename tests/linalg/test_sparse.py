@@ -466,6 +466,15 @@ def _pattern_cases():
         ),
         "division by an x-dependent denominator": lambda x: (x[:6] / (1 + x[6:] ** 2)).sum(),
         "max reduction": lambda x: pt.max(x[:4] * 2.0) + (x[4:] ** 2).sum(),
+        # pm.ICAR's edge list: the lower triangle of a constant integer W (a cast inside tril)
+        "edges read off a constant adjacency": lambda x: (
+            (
+                x[pt.eq(pt.tril(Msym.astype("int64")), 1).nonzero()[0]]
+                - x[pt.eq(pt.tril(Msym.astype("int64")), 1).nonzero()[1]]
+            )
+            ** 2
+        ).sum()
+        + pt.exp(x).sum(),
     }
 
 
@@ -482,6 +491,27 @@ def test_read_pattern_equals_the_hessians_pattern(case):
         assert read[:4, :4].all()
         return
     np.testing.assert_array_equal(read, true)
+
+
+def test_constant_indices_are_computed_without_compiling(monkeypatch):
+    """A constant of the graph (pm.ICAR's edge list from tril(W)) is computed Op by Op, a cast
+    by numpy: PyTensor's own cast of an (n, n) constant loops in Python, seconds at n = 5,000."""
+    import pytensor
+
+    from pymc_optim.linalg import _hessian_sparsity
+
+    W = np.zeros((6, 6), dtype="int64")
+    W[[0, 1, 2, 4], [1, 2, 5, 5]] = 1
+    W = W + W.T
+    node1, node2 = pt.eq(pt.tril(pt.as_tensor(W)), 1).nonzero()
+
+    def no_compiling(*args, **kwargs):
+        raise AssertionError("compiled a function to compute a constant")
+
+    monkeypatch.setattr(pytensor, "function", no_compiling)
+    expected = np.nonzero(np.tril(W) == 1)
+    np.testing.assert_array_equal(_hessian_sparsity._constant_value(node1), expected[0])
+    np.testing.assert_array_equal(_hessian_sparsity._constant_value(node2), expected[1])
 
 
 def test_read_pattern_gives_up_on_unknown_ops_and_on_dense_hessians():

@@ -323,3 +323,50 @@ def test_hyperparameter_of_the_wrong_shape_raises():
         ValueError, match=r"`idata.posterior\['mu'\]` must have shape \(chain, draw, \*\(\)\)"
     ):
         pmo.recover_latent(marginal, idata, progressbar=False)
+
+
+def test_a_dense_hessian_that_will_not_fit_is_refused_before_the_marginal_is_built(monkeypatch):
+    """The marginal's (d, d) matrices against the memory left (here 1 MB, as if the machine were
+    full): a MemoryError that says why and what to do, not the kernel killing the process."""
+    from pymc_optim.model import laplace
+
+    d = 100  # 16 matrices of 100 × 100 float64: 1.28 MB
+    monkeypatch.setattr(laplace, "available_memory", lambda: 10**6)
+    rng = np.random.default_rng(0)
+    with pm.Model() as model:
+        ls = pm.InverseGamma("ls", F64(3.0), F64(3.0))
+        cov = pm.gp.cov.ExpQuad(1, ls=ls)(np.linspace(0, 1, d)[:, None]) + 1e-6 * np.eye(d)
+        f = pm.MvNormal("f", mu=np.zeros(d), cov=cov)
+        pm.Poisson("y", pt.exp(f), observed=rng.poisson(1.0, d))
+    with pytest.raises(
+        MemoryError,
+        match=r"the latent has 100 values and its Hessian is dense \('latent_gaussian' structure"
+        r"\).*\(0\.0 GiB\), more than the 0\.0 GiB of memory available.*nothing was built.*"
+        r"`hessian_structure='sparse'`",
+    ):
+        pmo.marginalize_laplace(model, "f")
+    # a diagonal Hessian grows linearly in d: the same memory is enough
+    assert pmo.laplace_info(pmo.marginalize_laplace(intercepts_model(), "x")).structure.kind == (
+        "diagonal"
+    )
+
+
+def test_a_large_gp_latent_skips_the_numerical_hessian_pattern(monkeypatch):
+    """A latent with a Gaussian prior to read (here a GP of SPARSE_MIN_SIZE points) gets the
+    latent-Gaussian form without the numerical pattern: n reverse passes, each through the whole
+    prior (100 s at 5,000 points), would only find it dense."""
+    from pymc_optim.linalg import detect
+
+    def no_probe(*args, **kwargs):
+        raise AssertionError("the numerical Hessian pattern ran")
+
+    monkeypatch.setattr(detect, "numeric_pattern", no_probe)
+    d = detect.SPARSE_MIN_SIZE
+    rng = np.random.default_rng(1)
+    with pm.Model() as model:
+        ls = pm.InverseGamma("ls", F64(3.0), F64(3.0))
+        cov = pm.gp.cov.ExpQuad(1, ls=ls)(np.linspace(0, 5, d)[:, None]) + 1e-6 * np.eye(d)
+        f = pm.MvNormal("f", mu=np.zeros(d), cov=cov)
+        pm.Poisson("y", pt.exp(f), observed=rng.poisson(1.0, d))
+    structure = pmo.laplace_info(pmo.marginalize_laplace(model, "f")).structure
+    assert (structure.kind, structure.form) == ("latent_gaussian", "covariance")
