@@ -448,6 +448,7 @@ def _pattern_cases():
     Msym = np.zeros((n, n))
     Msym[i, j] = Msym[j, i] = 1.0
     index = np.array([4, 4, 8, 0])
+    icar_edges = pt.eq(pt.tril(Msym.astype("int64")), 1).nonzero()
     return n, {
         "edge differences": lambda x: ((x[i] - x[j]) ** 2).sum() + pt.exp(x).sum(),
         "constant matrix product": lambda x: pt.log1p(pt.dot(M, x) ** 2).sum(),
@@ -468,13 +469,8 @@ def _pattern_cases():
         "max reduction": lambda x: pt.max(x[:4] * 2.0) + (x[4:] ** 2).sum(),
         # pm.ICAR's edge list: the lower triangle of a constant integer W (a cast inside tril)
         "edges read off a constant adjacency": lambda x: (
-            (
-                x[pt.eq(pt.tril(Msym.astype("int64")), 1).nonzero()[0]]
-                - x[pt.eq(pt.tril(Msym.astype("int64")), 1).nonzero()[1]]
-            )
-            ** 2
-        ).sum()
-        + pt.exp(x).sum(),
+            ((x[icar_edges[0]] - x[icar_edges[1]]) ** 2).sum() + pt.exp(x).sum()
+        ),
     }
 
 
