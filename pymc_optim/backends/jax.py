@@ -14,6 +14,7 @@ from pytensor.compile.mode import JAX
 from pytensor.graph.fg import FunctionGraph
 from pytensor.link.jax.dispatch import jax_funcify
 
+from pymc_optim._logging import announce_compilation
 from pymc_optim.backends.fixed_point import FixedPointOp
 from pymc_optim.backends.iterations import (
     ANDERSON_MEMORY,
@@ -114,6 +115,7 @@ def _positive_definite(positive_definite_fn, A, owner, n_problems):
 
 @jax_funcify.register(NewtonOp)
 def _newton_jax(op: NewtonOp, node=None, **kwargs):
+    announce_compilation("JAX", "a graph-native NewtonOp solve")
     xs, params = op.typed_inner_inputs(node)
     condition = op.condition.on(xs, params)
     (merit,) = op.inner_on(xs, params, [op.merit])
@@ -270,6 +272,7 @@ def _newton_jax(op: NewtonOp, node=None, **kwargs):
 
 @jax_funcify.register(FixedPointOp)
 def _fixed_point_jax(op: FixedPointOp, node=None, **kwargs):
+    announce_compilation("JAX", "a graph-native FixedPointOp solve")
     if op.method == "anderson":
         return _anderson_jax(op, node)
     xs, params = op.typed_inner_inputs(node)

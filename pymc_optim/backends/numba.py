@@ -58,6 +58,7 @@ from pytensor.link.numba.dispatch.basic import (
     register_funcify_and_cache_key,
 )
 
+from pymc_optim._logging import announce_compilation
 from pymc_optim.backends import iterations as _iterations
 from pymc_optim.backends.fixed_point import FixedPointOp
 from pymc_optim.backends.iterations import ARMIJO, MAX_BACKTRACKS, ROUNDING, STEP_TOL
@@ -506,6 +507,7 @@ def _adapters(op: SolverOp, node, inputs, inner_outputs: dict):
 
 def _solver(op: SolverOp, env: dict, src: str, loop, keys: list, options: tuple):
     """The Op's numba function running `loop`, and its cache key (None if a part has none)."""
+    announce_compilation("numba", f"a graph-native {type(op).__name__} solve")
     env["loop"] = loop
     solver = _njit(compile_numba_function_src(src, "solver", env))
     if any(key is None for key in keys):
