@@ -42,11 +42,34 @@ MODELS = {
     "icar100": "ICAR, 100 areas",
     "icar1000": "ICAR, 1,000 areas (dense)",
     "ar1000": "AR(1), 1,000 steps",
+    "bym200": "BYM, 100 areas (200 latent values)",
 }
 
 
+def bym_model(n: int = 100, seed: int = 19):
+    """Besag–York–Mollié: a pm.ICAR field and an iid one on `bench_coupled`'s ring of areas,
+    both marginalized (2n latent values): the model whose `recover_latent` once generated an
+    11.5 MB C module and compiled for 28 minutes (issue 19)."""
+    import numpy as np
+    import pymc as pm
+    import pytensor.tensor as pt
+    from bench_coupled import ring_adjacency
+
+    rng = np.random.default_rng(seed)
+    adjacency = ring_adjacency(n)
+    with pm.Model() as model:
+        b = pm.Normal("b", 0.0, 2.0)
+        sigma_phi = pm.HalfNormal("sigma_phi", 1.0)
+        sigma_theta = pm.HalfNormal("sigma_theta", 1.0)
+        phi = pm.ICAR("phi", W=adjacency)
+        theta = pm.Normal("theta", 0.0, 1.0, shape=n)
+        rate = pt.exp(b + sigma_phi * phi + sigma_theta * theta)
+        pm.Poisson("y", mu=rate, observed=rng.poisson(np.exp(1.0 + rng.normal(0, 0.5, n))))
+    return model, ["phi", "theta"]
+
+
 def build_model(key: str):
-    """(model, latent name) of `key`, as `bench_coupled.py` builds them."""
+    """(model, latent name or names) of `key`, as `bench_coupled.py` builds them."""
     from bench_coupled import ar_model, hsgp_model, icar_model, synthetic_finland
 
     from pymc_optim.datasets import finland_model, load_finland
@@ -57,6 +80,8 @@ def build_model(key: str):
         return finland_model(synthetic_finland(500)), "theta"
     if key == "hsgp":
         return hsgp_model(load_finland()), "theta"
+    if key == "bym200":
+        return bym_model()
     if key.startswith("icar"):
         return icar_model(int(key[4:])), "phi"
     return ar_model(1000), "f"

@@ -62,12 +62,18 @@ def synthetic_finland(n: int, seed: int = 19) -> FinlandData:
     return FinlandData(x, rng.poisson(ye * np.exp(theta)), ye, data.rho_prior, data.alpha_prior)
 
 
-def icar_model(n: int, seed: int = 19) -> pm.Model:
-    rng = np.random.default_rng(seed)
+def ring_adjacency(n: int) -> np.ndarray:
+    """The areas' adjacency: a ring, plus a chord every fifth area."""
     W = np.zeros((n, n), dtype="int64")
-    for i in range(n):  # a ring, plus a chord every fifth area
+    for i in range(n):
         for j in [(i + 1) % n, (i + 7) % n] if i % 5 == 0 else [(i + 1) % n]:
             W[i, j] = W[j, i] = 1
+    return W
+
+
+def icar_model(n: int, seed: int = 19) -> pm.Model:
+    rng = np.random.default_rng(seed)
+    W = ring_adjacency(n)
     phi = rng.normal(0, 0.5, n)
     with pm.Model() as model:
         b = pm.Normal("b", 0.0, 2.0)
