@@ -25,7 +25,7 @@ from pymc_optim.backends.iterations import (
 )
 from pymc_optim.backends.newton import NewtonOp, problem_rows
 from pymc_optim.backends.packing import Packer
-from pymc_optim.graph.solver_op import SolverOp
+from pymc_optim.graph.solver_op import SolverOp, inner_mode
 from pymc_optim.implicit import implicit_pullback
 from pymc_optim.model.failure import FAILED_EVALUATIONS, CountFailures, WarnOnFailure
 
@@ -97,9 +97,10 @@ def _count_failures(op, node=None, **kwargs):
 
 
 def _jax_function(inputs, outputs):
-    """A JAX function of `inputs` computing `outputs`, rewritten as the JAX mode does."""
+    """A JAX function of `inputs` computing `outputs`, rewritten as the JAX mode does (and
+    `INNER_REWRITES`)."""
     fgraph = FunctionGraph(list(inputs), list(outputs), clone=True)
-    JAX.optimizer(fgraph)
+    inner_mode(JAX).optimizer(fgraph)
     return jax_funcify(fgraph)
 
 

@@ -21,7 +21,7 @@ from pytensor.graph.replace import graph_replace
 from pymc_optim.backends import iterations as _iterations
 from pymc_optim.backends.packing import Packer
 from pymc_optim.graph.inner_graph import InnerProblem
-from pymc_optim.graph.solver_op import SolverOp
+from pymc_optim.graph.solver_op import INVALID_PARAMETERS, SolverOp
 from pymc_optim.implicit import OptimalityCondition
 
 __all__ = [
@@ -213,7 +213,10 @@ class NewtonOp(SolverOp):
         if start is None:
             z, success, n_iterations, n_evaluations = run(z0)
         else:
-            z, success, n_iterations, n_evaluations = run(start)
+            try:
+                z, success, n_iterations, n_evaluations = run(start)
+            except INVALID_PARAMETERS:  # raised along the warm path: the cold start decides
+                success = n_iterations = n_evaluations = np.zeros(1, dtype=np.int64)
             if not success.all():  # the cold start decides; the counters include both solves
                 z, success, more_iterations, more_evaluations = run(z0)
                 n_iterations = n_iterations + more_iterations
@@ -375,7 +378,10 @@ def canonical_step(system, z, success, *, structure, rows=None):
 
 
 def _theta(params) -> np.ndarray:
-    """The continuous parameters as one float64 vector (the warm start's secant works on it)."""
+    """The continuous parameters as one float64 vector (the warm start's secant works on it),
+    their non-finite entries as 0: a log density's constant −inf (pm.NegativeBinomial has one)
+    would make the secant's differences inf − inf, and an infinite parameter gives no direction
+    to follow."""
     floats = []
     for p in params:
         dtype = getattr(p, "dtype", None)  # (numpy arrays and scalars have one)
@@ -384,7 +390,8 @@ def _theta(params) -> np.ndarray:
             dtype = p.dtype
         if dtype.kind == "f":
             floats.append(np.ravel(p))
-    return np.concatenate(floats) if floats else np.zeros(0)
+    theta = np.concatenate(floats) if floats else np.zeros(0)
+    return theta if np.isfinite(theta).all() else np.where(np.isfinite(theta), theta, 0.0)
 
 
 def direct_call(fn):

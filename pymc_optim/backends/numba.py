@@ -63,7 +63,7 @@ from pymc_optim.backends import iterations as _iterations
 from pymc_optim.backends.fixed_point import FixedPointOp
 from pymc_optim.backends.iterations import ARMIJO, MAX_BACKTRACKS, ROUNDING, STEP_TOL
 from pymc_optim.backends.newton import NewtonOp
-from pymc_optim.graph.solver_op import SolverOp
+from pymc_optim.graph.solver_op import SolverOp, inner_mode
 from pymc_optim.linalg.structure import LinearStructure
 from pymc_optim.model.failure import FAILED_EVALUATIONS, CountFailures
 
@@ -88,7 +88,7 @@ def _numba_function(inputs, outputs):
     fgraph = FunctionGraph(list(inputs), list(outputs), clone=True)
     input_specs = [In(x, borrow=True, mutable=False) for x in fgraph.inputs]
     add_supervisor_to_fgraph(fgraph=fgraph, input_specs=input_specs, accept_inplace=True)
-    NUMBA.optimizer(fgraph)
+    inner_mode(NUMBA).optimizer(fgraph)
     output_specs = [Out(o, borrow=False) for o in fgraph.outputs]
     insert_deepcopy(fgraph, wrapped_inputs=input_specs, wrapped_outputs=output_specs)
     return numba_funcify_and_cache_key(fgraph, squeeze_output=False, fgraph_name="pymc_optim_inner")

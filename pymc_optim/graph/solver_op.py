@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
+from pytensor.compile.mode import Mode, get_mode
 from pytensor.gradient import DisconnectedType
 from pytensor.graph.basic import Apply, Variable
 from pytensor.graph.fg import FunctionGraph
@@ -19,12 +20,24 @@ from pymc_optim.graph import trace as _trace
 from pymc_optim.graph.inner_graph import InnerProblem
 from pymc_optim.implicit import OptimalityCondition, differentiated_elsewhere, implicit_pullback
 
-__all__ = ["SolverOp", "make_solution"]
+__all__ = ["INNER_REWRITES", "INVALID_PARAMETERS", "SolverOp", "inner_mode", "make_solution"]
 
 #: Errors that evaluating the inner graph raises at parameters where the problem is undefined
 #: (PyMC's ParameterValueError is a ValueError), or where sizes known only at run time disagree
 #: (numpy's and scipy's shape checks raise ValueError or TypeError).
-_INVALID_PARAMETERS = (ValueError, TypeError, ArithmeticError, np.linalg.LinAlgError)
+INVALID_PARAMETERS = (ValueError, TypeError, ArithmeticError, np.linalg.LinAlgError)
+#: Rewrites every backend applies to a solver's inner graphs on top of its own mode: PyMC's
+#: parameter checks in a log density (``CheckParameterValue``: `sigma > 0`, `mu > 0`) give −inf
+#: instead of raising, as PyMC compiles a model's logp. A Newton trial step into exp(u) = 0 made
+#: pm.NegativeBinomial's `mu > 0` check raise, which ended the whole solve as invalid (and, at a
+#: point pm.sample had accepted from another start, crashed sampling with "Bad initial
+#: energy"); as −inf it is a rejected step, and the line search backtracks.
+INNER_REWRITES = ("local_check_parameter_to_ninf_switch",)
+
+
+def inner_mode(mode=None) -> Mode:
+    """`mode` (default: PyTensor's default mode) with `INNER_REWRITES`."""
+    return get_mode(mode).including(*INNER_REWRITES)
 
 
 class SolverOp(Op, HasInnerGraph):
@@ -171,6 +184,7 @@ class SolverOp(Op, HasInnerGraph):
                 name: pytensor.function(
                     [*self.problem.inner_xs, *more_inputs, *self.problem.inner_params],
                     outs,
+                    mode=inner_mode(),
                     on_unused_input="ignore",
                     trust_input=True,
                 )
@@ -194,7 +208,7 @@ class SolverOp(Op, HasInnerGraph):
             x_stars, success, n_iterations, n_evaluations = self.solve(
                 fns if recorder is None else recorder.fns, list(x0s), list(params), list(extras)
             )
-        except _INVALID_PARAMETERS as err:
+        except INVALID_PARAMETERS as err:
             # e.g. PyMC's parameter checks (sigma > 0) raising inside the objective: the
             # problem has no solution at these parameters, which is data, not a crash.
             x_stars = [np.full(np.shape(x0), np.nan) for x0 in x0s]

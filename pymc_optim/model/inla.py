@@ -17,6 +17,7 @@ from pytensor.ifelse import ifelse
 from scipy.special import logsumexp
 
 from pymc_optim._modes import PYTHON_MODE
+from pymc_optim._progress import Progress
 from pymc_optim._warnings import PymcOptimWarning
 
 # fit_inla is built on laplace's plumbing: its marginal, start, warm starts and latent draws.
@@ -241,7 +242,7 @@ def fit_inla(
     # θ = θ̂ + L z, with z standard Gaussian under the Gaussian fit at the mode
     scale = eigenvectors / np.sqrt(eigenvalues)
 
-    with _Progress(progressbar, f"fit_inla ({used})") as progress:
+    with Progress(progressbar, f"fit_inla ({used})") as progress:
         target.progress = progress
         integrate = {
             "grid": _integrate_grid,
@@ -947,34 +948,6 @@ def _weighted_density(values, weights):
         return x, np.full_like(x, np.nan)
     kde = gaussian_kde(values[keep], weights=weights[keep])
     return x, kde(x)
-
-
-class _Progress:
-    """A rich progress bar whose total grows as the integration adds points (or nothing)."""
-
-    def __init__(self, enabled: bool, description: str):
-        self.enabled, self.description = enabled, description
-        self.bar = self.task = None
-
-    def __enter__(self):
-        if self.enabled:
-            from rich.progress import Progress
-
-            self.bar = Progress()
-            self.bar.start()
-            self.task = self.bar.add_task(self.description, total=0)
-        return self if self.enabled else None
-
-    def add(self, n: int):
-        self.bar.update(self.task, total=self.bar.tasks[0].total + n)
-
-    def advance(self):
-        self.bar.advance(self.task)
-
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.stop()
-        return False
 
 
 def _normalize(log_values) -> np.ndarray:

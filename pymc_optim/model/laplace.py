@@ -32,6 +32,7 @@ from pytensor.tensor.variable import TensorVariable
 
 from pymc_optim._memory import available_memory
 from pymc_optim._modes import PYTHON_MODE
+from pymc_optim._progress import Progress
 from pymc_optim._warnings import PymcOptimWarning
 from pymc_optim.backends import newton as _newton
 from pymc_optim.backends.newton import NewtonOp
@@ -42,6 +43,7 @@ from pymc_optim.linalg import detect
 from pymc_optim.linalg.latent_gaussian import LatentGaussianStructure
 from pymc_optim.linalg.sparse import SparseStructure
 from pymc_optim.linalg.structure import LinearStructure, _finite, as_linear_structure
+from pymc_optim.model._fgraph import graphs_at_mode, outer_inputs
 from pymc_optim.model.constraints import (
     constrained_logdet,
     constrained_mode,
@@ -336,7 +338,7 @@ def marginalize_laplace(
         condition = OptimalityCondition(
             [z], [], [grad(-joint, z)], symmetric=True, structure=structure
         )
-        hessian = graph_replace(condition.jacobian(), {z: z_star}, strict=False)
+        (hessian,) = graphs_at_mode([condition.jacobian()], z, z_star)
         # the Gaussian restricted to {A z = 0}: d − k dimensions, log det(VᵀHV)
         marginal = (
             graph_replace(joint, {z: z_star}, strict=False)
@@ -368,7 +370,7 @@ def marginalize_laplace(
         condition = OptimalityCondition(
             [z], [], [grad(-joint, z)], symmetric=True, structure=structure
         )
-        hessian = graph_replace(condition.jacobian(), {z: z_star}, strict=False)
+        (hessian,) = graphs_at_mode([condition.jacobian()], z, z_star)
         marginal = None
     if warm_start and isinstance(z_star.owner.op, NewtonOp):
         z_star.owner.op.warm_start = True
@@ -396,7 +398,7 @@ def marginalize_laplace(
     removed_observed = {obs: obs.owner.inputs[1] for obs in dependents}
     # (in two steps: graph_replace cannot replace a variable and one of its ancestors at once)
     recovery_outputs = _replace(_replace(recovery_outputs, removed_observed), to_constrained)
-    params = _outer_inputs(recovery_outputs, exclude=[z])
+    params = outer_inputs(recovery_outputs, exclude=[z])
     placeholders = [p.type() for p in params]
     recovery_outputs = _replace(recovery_outputs, dict(zip(params, placeholders, strict=True)))
     marker = LaplaceMarginal(
@@ -766,7 +768,7 @@ def _recover(marginal_model, solve, draws, rng, progressbar, *, order=None, run=
 
     threads = min(threads, len(runs))
     with (
-        _Progress(progressbar, n_chains * n_draws, "recovering latent draws") as progress,
+        Progress(progressbar, "recovering latent draws", n_chains * n_draws) as progress,
         ThreadPoolExecutor(threads) if threads > 1 else nullcontext() as pool,
     ):
         if pool is None:
@@ -776,33 +778,6 @@ def _recover(marginal_model, solve, draws, rng, progressbar, *, order=None, run=
             for f in as_completed([pool.submit(walk, *r) for r in runs]):
                 f.result()
     return [[np.stack([r[k] for r in res]) for k in range(len(res[0]))] for res in results]
-
-
-class _Progress:
-    """A rich progress bar (or nothing) over `total` steps; `advance` may be called from
-    several threads (rich's progress takes a lock)."""
-
-    def __init__(self, enabled: bool, total: int, description: str):
-        self.bar = None
-        if enabled:
-            from rich.progress import Progress
-
-            self.bar = Progress()
-            self.task = self.bar.add_task(description, total=total)
-
-    def __enter__(self):
-        if self.bar is not None:
-            self.bar.start()
-        return self
-
-    def advance(self):
-        if self.bar is not None:
-            self.bar.advance(self.task)
-
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.stop()
-        return False
 
 
 def _initial_mode(node):
@@ -1048,21 +1023,6 @@ def _replace(outputs, replacements):
     )
 
 
-def _outer_inputs(outputs, exclude):
-    """The outermost model variables (and shared variables) `outputs` are computed from."""
-    excluded = set(exclude)
-    found = []
-    for v in ancestors(outputs, blockers=None):
-        if v in excluded or isinstance(v, Constant):
-            continue
-        if v.owner is not None and isinstance(v.owner.op, ModelVar):
-            found.append(v)
-        elif v.owner is None:  # data (shared variables) and other roots
-            found.append(v)
-    inner = set(ancestors([i for v in found if v.owner is not None for i in v.owner.inputs]))
-    return [v for v in found if v not in inner]
-
-
 def _check_latents(model: pm.Model, latent) -> list[TensorVariable]:
     items = list(latent) if isinstance(latent, list | tuple) else [latent]
     if not items:
@@ -1277,10 +1237,10 @@ def _detect_hessian_structure(
                 yield flat, [point[v.name] for v in others]
 
         calls = 2 * -(-d // detect.PROBE_CHUNK)  # at two points, when both are finite
-        with _Progress(
+        with Progress(
             calls >= _PROBE_PROGRESS_CALLS,
-            calls,
             f"hessian_structure='auto': reading the {d} × {d} Hessian's pattern",
+            calls,
         ) as progress:
             return detect.numeric_pattern(
                 lambda point, rows: fn(point[0], *point[1], rows.astype(z.dtype)),

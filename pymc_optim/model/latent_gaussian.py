@@ -47,6 +47,7 @@ from pymc_optim.linalg.latent_gaussian import (
     LatentGaussianStructure,
     logdet_b,
 )
+from pymc_optim.model._fgraph import graphs_at_mode
 from pymc_optim.problems._arguments import check_optimizer_kwargs, newton_options, split_problem
 
 __all__ = ["latent_gaussian_mode", "latent_gaussian_structure", "resolve_gp_latents"]
@@ -266,8 +267,9 @@ def _covariance_mode(negative_likelihood, z, x0, prior, K, options):
     # the same nodes (`jacobian_at`), so the log-determinant shares the pullback's B factor
     hessian = condition.jacobian_at([z_star], problem.outer_params)
     K_star, w_star = LatentGaussianStructure(form="covariance").compact_parts(hessian)
-    negative_likelihood_star, gradient_star = graph_replace(
-        [negative_likelihood, likelihood_gradient], {z: z_star}, strict=False
+    # (the gradient apart from PyMC's pre-gradient rewrites: `graphs_at_mode`)
+    negative_likelihood_star, gradient_star = graphs_at_mode(
+        [negative_likelihood, likelihood_gradient], z, z_star
     )
     marginal = (
         -negative_likelihood_star

@@ -403,3 +403,31 @@ def test_laplace_warm_start_follows_a_straight_path():
         iterations[predictor] = [int(count(*theta)[1]) for theta in path]
     assert iterations[True][:2] == iterations[False][:2]  # no secant before two solves
     assert sum(iterations[True][2:]) < sum(iterations[False][2:])
+
+
+@pytest.mark.parametrize("mode", [None, "JAX"])
+def test_a_trial_step_that_breaks_a_parameter_check_is_a_rejected_step(mode):
+    """pm.NegativeBinomial's logp rebuilds mu = α(1 − p)/p from p = α/(α + eᵘ) and checks
+    `mu > 0`. From u = 10 with a zero count and a weak prior the Newton step is about −10⁶ (the
+    curvature is ~e⁻¹⁰ + 1/σ²): at the trial point p rounds to 1, mu to 0, and the check fails.
+    As PyMC compiles a logp, the check gives −inf there (the merit +inf), so the line search
+    backtracks and the solve converges; the check used to raise, and the whole solve ended as
+    invalid (at a posterior point, "Bad initial energy" in pm.sample). (Under numba the check
+    is −inf too, but this solve still fails: its line search accepts u ≈ −480, where the
+    merit's own compiled graph is finite and the system's, rounded otherwise, is not.)"""
+    import pymc as pm
+
+    if mode is not None:
+        pytest.importorskip(mode.lower())
+    u, alpha = pt.vector("u", shape=(2,)), pt.scalar("alpha")
+    counts = np.array([0, 3])
+    objective = -pm.logp(pm.NegativeBinomial.dist(mu=pt.exp(u), alpha=alpha), counts).sum()
+    objective = objective + 0.5 * (u**2).sum() / 1e6  # a weak N(0, 1000²) prior
+    u_star, ok = pmo.minimize(objective, u, x0=np.array([10.0, 1.0]), method="newton")
+    iterations = pmo.solution_info(u_star).n_iterations
+    fn = pytensor.function([alpha], [u_star, ok, iterations], mode=mode)
+    got, success, n_iterations = fn(1.0)
+    assert success and n_iterations > 0
+    # the stationarity condition of each element, by hand: (y + α) eᵘ/(α + eᵘ) − y + u/σ² = 0
+    score = (counts + 1.0) * np.exp(got) / (1.0 + np.exp(got)) - counts + got / 1e6
+    assert_allclose(score, 0.0, atol=1e-8)

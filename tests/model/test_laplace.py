@@ -847,6 +847,70 @@ def test_poisson_marginal_equals_the_groupwise_laplace_approximation():
         )
 
 
+def test_negative_binomial_marginal_compiles_as_pm_sample_does_and_equals_the_groupwise_laplace():
+    """pm.NegativeBinomial's Hessian holds 0 / x terms on which PyMC's pre-gradient rewrites
+    (canonicalize without a ShapeFeature) cycle forever: `logp_dlogp_function`, what pm.sample
+    compiles, hung. Built apart from them (`graphs_at_mode`), it compiles; the alarm turns a hang
+    back into a failure. Value against the Laplace approximation computed group by group with
+    scipy (the mode by brentq on the score, H = 1/τ² + Σ (y + α) α eˣ / (α + eˣ)²), to the solver's
+    accuracy as for the Poisson model; gradient against central differences."""
+    import signal
+
+    alpha = 2.5
+
+    def model():
+        with pm.Model() as m:
+            mu = pm.Normal("mu", F64(0.0), F64(2.0))
+            tau = pm.HalfNormal("tau", F64(1.0))
+            x = pm.Normal("x", mu, tau, shape=N_COUNT_GROUPS)
+            pm.NegativeBinomial("y", mu=pm.math.exp(x[COUNT_GROUP]), alpha=alpha, observed=COUNTS)
+        return m
+
+    def laplace(mu, tau):
+        out = scipy.stats.norm.logpdf(mu, 0, 2) + scipy.stats.halfnorm.logpdf(tau) + np.log(tau)
+        for g in range(N_COUNT_GROUPS):
+            y = COUNTS[COUNT_GROUP == g]
+
+            def score(x, y=y):
+                return (mu - x) / tau**2 + (y - (y + alpha) * np.exp(x) / (alpha + np.exp(x))).sum()
+
+            x = scipy.optimize.brentq(score, -20, 20, xtol=1e-14)
+            p = alpha / (alpha + np.exp(x))
+            ell = scipy.stats.norm.logpdf(x, mu, tau) + scipy.stats.nbinom.logpmf(y, alpha, p).sum()
+            curvature = (
+                1 / tau**2 + ((y + alpha) * alpha * np.exp(x) / (alpha + np.exp(x)) ** 2).sum()
+            )
+            out += ell + 0.5 * np.log(2 * np.pi) - 0.5 * np.log(curvature)
+        return out
+
+    marginal = pmo.marginalize_laplace(model(), "x")
+    assert pmo.laplace_info(marginal).structure.kind == "diagonal"
+
+    def hang(*args):
+        raise TimeoutError("logp_dlogp_function did not finish in 600 s (it compiles in ~25 s)")
+
+    previous = signal.signal(signal.SIGALRM, hang)
+    signal.alarm(600)
+    try:
+        fn = marginal.logp_dlogp_function(ravel_inputs=True)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    fn.set_extra_values({})
+    names = [v.name for v in fn._grad_vars]
+    assert names == ["mu", "tau_log__"]
+    for mu, tau in [(1.0, 0.5), (0.0, 2.0)]:
+        flat = np.array([mu, np.log(tau)])
+        value, gradient = fn(flat)
+        assert_allclose(value, laplace(mu, tau), rtol=0, atol=1e-9)
+        assert_allclose(
+            gradient,
+            central_differences(lambda q: fn(q)[0], flat, 1e-5),
+            rtol=1e-6,
+            atol=1e-6,
+        )
+
+
 @pytest.mark.parametrize("on_failure", ["reject", "raise", "warn"])
 def test_failed_inner_solve_follows_the_failure_policy(on_failure):
     marginal = pmo.marginalize_laplace(

@@ -1,8 +1,8 @@
 """Sampling-based validation of `pymc_optim.model.laplace` (slow; CI runs them).
 
-1. Poisson random intercepts, where the Laplace approximation is not exact: the hyperparameter
-   posterior from NUTS on the marginal model agrees with a long NUTS run on the full
-   (non-centered) model.
+1. Random intercepts under Poisson, Bernoulli-logit and negative-binomial likelihoods, where the
+   Laplace approximation is not exact: the hyperparameter posterior from NUTS on the marginal
+   model agrees with a long NUTS run on the full (non-centered) model.
 2. Simulation-based calibration (Talts et al. 2018) on a Gaussian hierarchical model, where the
    Laplace marginal is exact: the rank of each true hyperparameter among posterior draws from
    the marginal model is uniform.
@@ -24,21 +24,34 @@ import pymc_optim as pmo
 F64 = np.float64
 pytestmark = pytest.mark.slow
 
-# --- 1. Poisson random intercepts against a long full-model run -----------------------------------
-N_GROUPS, N_PER_GROUP = 10, 4
-GROUP = np.repeat(np.arange(N_GROUPS), N_PER_GROUP)
+# --- 1. random intercepts under non-Gaussian likelihoods, against long full-model runs ----------
+N_GROUPS = 10
 _rng = np.random.default_rng(11)
-COUNTS = _rng.poisson(np.exp(1.0 + _rng.normal(0.0, 0.6, N_GROUPS))[GROUP])
+#: per likelihood: the trials per group, the data, and the likelihood of the intercepts u[GROUP]
+#: (issue 14: Poisson counts; Bernoulli-logit, 20 trials per group; negative binomial counts
+#: with an overdispersion hyperparameter α)
+PER_GROUP = {"poisson": 4, "bernoulli": 20, "negative_binomial": 4}
+DATA = {
+    "poisson": _rng.poisson(np.exp(1.0 + _rng.normal(0.0, 0.6, N_GROUPS))[np.repeat(range(10), 4)]),
+}
+_rng = np.random.default_rng(12)
+_u = _rng.normal(0.3, 0.8, N_GROUPS)
+DATA["bernoulli"] = _rng.binomial(1, 1 / (1 + np.exp(-_u[np.repeat(range(10), 20)])))
+_rng = np.random.default_rng(12)
+_mean = np.exp(_rng.normal(1.0, 0.6, N_GROUPS))[np.repeat(range(10), 4)]
+DATA["negative_binomial"] = _rng.poisson(_rng.gamma(3.0, _mean / 3.0))  # α = 3
 #: the Laplace approximation's own error, allowed on top of Monte Carlo error, in posterior sds
-#: of the full model. With ~3 counts per observation and 4 observations per group the
-#: conditional posterior of each intercept is close to Gaussian; 0.1 sd is what a user comparing
-#: the two posteriors by eye would call "the same".
+#: of the full model. With ~3 counts per observation and 4 observations per group (20 binary
+#: trials per group) the conditional posterior of each intercept is close to Gaussian; 0.1 sd
+#: is what a user comparing the two posteriors by eye would call "the same". Measured: at most
+#: 0.042 sd (the negative binomial's σ).
 APPROXIMATION_TOLERANCE_SD = 0.1
 #: Monte Carlo error allowance: 4 combined standard errors (two-sided p ≈ 6e-5 per comparison).
 N_MCSE = 4.0
 
 
-def poisson_intercepts(centered: bool) -> pm.Model:
+def intercepts(likelihood: str, centered: bool) -> pm.Model:
+    group = np.repeat(np.arange(N_GROUPS), PER_GROUP[likelihood])
     with pm.Model(coords={"group": np.arange(N_GROUPS)}) as model:
         mu = pm.Normal("mu", F64(0.0), F64(2.0))
         sigma = pm.HalfNormal("sigma", F64(1.0))
@@ -48,12 +61,24 @@ def poisson_intercepts(centered: bool) -> pm.Model:
             u = pm.Deterministic(
                 "u", mu + sigma * pm.Normal("u_raw", F64(0.0), F64(1.0), dims="group"), dims="group"
             )
-        pm.Poisson("y", pm.math.exp(u[GROUP]), observed=COUNTS)
+        y = DATA[likelihood]
+        if likelihood == "poisson":
+            pm.Poisson("y", pm.math.exp(u[group]), observed=y)
+        elif likelihood == "bernoulli":
+            pm.Bernoulli("y", logit_p=u[group], observed=y)
+        else:
+            alpha = pm.Exponential("alpha", F64(0.3))
+            pm.NegativeBinomial("y", mu=pm.math.exp(u[group]), alpha=alpha, observed=y)
     return model
 
 
-def test_poisson_hyperparameters_agree_with_a_long_full_nuts_run():
-    with poisson_intercepts(centered=False):
+@pytest.mark.parametrize("likelihood", list(PER_GROUP))
+def test_hyperparameters_agree_with_a_long_full_nuts_run(likelihood):
+    """NUTS on the Laplace marginal against 2 × 4,000 draws of NUTS on the full non-centred
+    model: every hyperparameter's mean within 4 combined Monte Carlo errors plus 0.1 posterior
+    sd, its sd within 10 %. Measured (|difference| in sds; sd ratio): Bernoulli μ 0.024, σ
+    0.035 (0.97, 1.05); negative binomial μ 0.013, σ 0.042, α 0.035 (0.97, 1.00, 0.95)."""
+    with intercepts(likelihood, centered=False):
         full = pm.sample(
             draws=4000,
             tune=1000,
@@ -63,13 +88,15 @@ def test_poisson_hyperparameters_agree_with_a_long_full_nuts_run():
             progressbar=False,
             target_accept=0.95,
         )
-    marginal_model = pmo.marginalize_laplace(poisson_intercepts(centered=True), "u")
+    marginal_model = pmo.marginalize_laplace(intercepts(likelihood, centered=True), "u")
     with marginal_model:
         marginal = pm.sample(
             draws=2000, tune=1000, chains=2, cores=1, random_seed=2, progressbar=False
         )
-    for name in ["mu", "sigma"]:
-        a, b = az.summary(full, var_names=[name]), az.summary(marginal, var_names=[name])
+    names = ["mu", "sigma", *(["alpha"] if likelihood == "negative_binomial" else [])]
+    for name in names:
+        a = az.summary(full, var_names=[name], round_to="none")
+        b = az.summary(marginal, var_names=[name], round_to="none")
         difference = abs(a["mean"].iloc[0] - b["mean"].iloc[0])
         mcse = np.hypot(a["mcse_mean"].iloc[0], b["mcse_mean"].iloc[0])
         allowed = N_MCSE * mcse + APPROXIMATION_TOLERANCE_SD * a["sd"].iloc[0]

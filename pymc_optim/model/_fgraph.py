@@ -1,0 +1,47 @@
+"""Graphs written on a model's FunctionGraph (PyMC's ``ModelVar`` nodes), as marginalize_laplace
+builds them: the model variables a graph reads, and a graph at the latent's mode kept apart from
+PyMC's pre-gradient rewrites."""
+
+from __future__ import annotations
+
+from pymc.model.fgraph import ModelVar
+from pytensor.compile.builders import OpFromGraph
+from pytensor.graph.basic import Constant
+from pytensor.graph.traversal import ancestors
+from pytensor.tensor.variable import TensorVariable
+
+__all__ = ["graphs_at_mode", "outer_inputs"]
+
+
+def outer_inputs(outputs, exclude) -> list:
+    """The outermost model variables (and shared variables) `outputs` are computed from."""
+    excluded = set(exclude)
+    found = []
+    for v in ancestors(outputs, blockers=None):
+        if v in excluded or isinstance(v, Constant):
+            continue
+        if v.owner is not None and isinstance(v.owner.op, ModelVar):
+            found.append(v)
+        elif v.owner is None:  # data (shared variables) and other roots
+            found.append(v)
+    inner = set(ancestors([i for v in found if v.owner is not None for i in v.owner.inputs]))
+    return [v for v in found if v not in inner]
+
+
+def graphs_at_mode(expressions, z: TensorVariable, z_star) -> list[TensorVariable]:
+    """`expressions` (graphs of the latent `z`: its Hessian, a gradient) at the mode `z_star`,
+    applied as one inline OpFromGraph of z and the model variables they read.
+
+    PyMC rewrites a model's logp (canonicalize and stabilize, without a ShapeFeature) before it
+    differentiates it, and the derivatives of some log densities hold 0 / x terms those rewrites
+    never finish with: without a ShapeFeature PyTensor's `local_zero_div` rebuilds 0 / x as
+    alloc(0, shape(0 / x)), which holds the division again (a cycle with `local_shape_ground`).
+    ``pm.NegativeBinomial``'s Hessian made ``logp_dlogp_function`` (and ``pm.sample``) hang.
+    Those rewrites do not enter an OpFromGraph; compiling inlines it first (fast_run), with a
+    ShapeFeature.
+    """
+    others = outer_inputs(expressions, exclude=[z])
+    op = OpFromGraph(
+        [z, *others], list(expressions), inline=True, on_unused_input="ignore", name="at_mode"
+    )
+    return op(z_star, *others, return_list=True)
