@@ -209,8 +209,9 @@ class SolverOp(Op, HasInnerGraph):
                 fns if recorder is None else recorder.fns, list(x0s), list(params), list(extras)
             )
         except INVALID_PARAMETERS as err:
-            # e.g. PyMC's parameter checks (sigma > 0) raising inside the objective: the
-            # problem has no solution at these parameters, which is data, not a crash.
+            # e.g. a size known only at run time that disagrees, or a raising Op of the user's
+            # graph (PyMC's parameter checks are −inf, `INNER_REWRITES`): the problem has no
+            # solution at these parameters, which is data, not a crash.
             x_stars = [np.full(np.shape(x0), np.nan) for x0 in x0s]
             success, n_iterations, n_evaluations = False, -1, -1
             _trace.note(f"{type(err).__name__}: {err}")

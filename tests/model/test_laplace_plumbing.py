@@ -325,19 +325,25 @@ def test_hyperparameter_of_the_wrong_shape_raises():
         pmo.recover_latent(marginal, idata, progressbar=False)
 
 
+def gp_poisson_model(d: int, length: float, seed: int) -> pm.Model:
+    """A GP latent of `d` points on [0, `length`] (MvNormal with an ExpQuad covariance) under
+    Poisson counts: a dense latent-Gaussian Hessian."""
+    rng = np.random.default_rng(seed)
+    with pm.Model() as model:
+        ls = pm.InverseGamma("ls", F64(3.0), F64(3.0))
+        cov = pm.gp.cov.ExpQuad(1, ls=ls)(np.linspace(0, length, d)[:, None]) + 1e-6 * np.eye(d)
+        f = pm.MvNormal("f", mu=np.zeros(d), cov=cov)
+        pm.Poisson("y", pt.exp(f), observed=rng.poisson(1.0, d))
+    return model
+
+
 def test_a_dense_hessian_that_will_not_fit_is_refused_before_the_marginal_is_built(monkeypatch):
     """The marginal's (d, d) matrices against the memory left (here 1 MB, as if the machine were
     full): a MemoryError that says why and what to do, not the kernel killing the process."""
     from pymc_optim.model import laplace
 
-    d = 100  # 16 matrices of 100 × 100 float64: 1.28 MB
     monkeypatch.setattr(laplace, "available_memory", lambda: 10**6)
-    rng = np.random.default_rng(0)
-    with pm.Model() as model:
-        ls = pm.InverseGamma("ls", F64(3.0), F64(3.0))
-        cov = pm.gp.cov.ExpQuad(1, ls=ls)(np.linspace(0, 1, d)[:, None]) + 1e-6 * np.eye(d)
-        f = pm.MvNormal("f", mu=np.zeros(d), cov=cov)
-        pm.Poisson("y", pt.exp(f), observed=rng.poisson(1.0, d))
+    model = gp_poisson_model(100, 1.0, seed=0)  # 16 matrices of 100 × 100 float64: 1.28 MB
     with pytest.raises(
         MemoryError,
         match=r"the latent has 100 values and its Hessian is dense \('latent_gaussian' structure"
@@ -361,12 +367,6 @@ def test_a_large_gp_latent_skips_the_numerical_hessian_pattern(monkeypatch):
         raise AssertionError("the numerical Hessian pattern ran")
 
     monkeypatch.setattr(detect, "numeric_pattern", no_probe)
-    d = detect.SPARSE_MIN_SIZE
-    rng = np.random.default_rng(1)
-    with pm.Model() as model:
-        ls = pm.InverseGamma("ls", F64(3.0), F64(3.0))
-        cov = pm.gp.cov.ExpQuad(1, ls=ls)(np.linspace(0, 5, d)[:, None]) + 1e-6 * np.eye(d)
-        f = pm.MvNormal("f", mu=np.zeros(d), cov=cov)
-        pm.Poisson("y", pt.exp(f), observed=rng.poisson(1.0, d))
+    model = gp_poisson_model(detect.SPARSE_MIN_SIZE, 5.0, seed=1)
     structure = pmo.laplace_info(pmo.marginalize_laplace(model, "f")).structure
     assert (structure.kind, structure.form) == ("latent_gaussian", "covariance")
