@@ -43,6 +43,7 @@ MODELS = {
     "icar1000": "ICAR, 1,000 areas (dense)",
     "ar1000": "AR(1), 1,000 steps",
     "bym200": "BYM, 100 areas (200 latent values)",
+    "germany": "Germany BYM2, 544 districts (1,087 latent values, sparse)",
 }
 
 
@@ -82,6 +83,10 @@ def build_model(key: str):
         return hsgp_model(load_finland()), "theta"
     if key == "bym200":
         return bym_model()
+    if key == "germany":
+        from pymc_optim.datasets import germany_bym2_model
+
+        return germany_bym2_model(), ["phi", "theta"]
     if key.startswith("icar"):
         return icar_model(int(key[4:])), "phi"
     return ar_model(1000), "f"
