@@ -84,17 +84,8 @@ def hessian_pattern(
     graph cannot be read or the pattern holds more than `max_nnz` entries (lower triangle)."""
     n = int(sum(sizes))
     reader = _Reader(n, max_nnz)
-    offset = 0
-    for x, size in zip(xs, sizes, strict=True):
-        shape = _static_shape(x) or ((size,) if x.type.ndim == 1 else None)
-        if shape is None or int(np.prod(shape, dtype=np.int64)) != size:
-            return None
-        eye = sp.csr_array(
-            (np.ones(size, dtype=bool), (np.arange(size), offset + np.arange(size))),
-            shape=(size, n),
-        )
-        reader.known[x] = _Dependence(shape, eye)
-        offset += size
+    if not _start(reader, xs, sizes):
+        return None
     try:
         reader.run(objective, xs)
     except _GiveUp:
@@ -105,6 +96,62 @@ def hessian_pattern(
     lower = sp.tril(pattern + sp.identity(n, dtype=bool, format="csr"), format="coo")
     order = np.lexsort((lower.row, lower.col))
     return lower.row[order].astype(np.int64), lower.col[order].astype(np.int64)
+
+
+def jacobian_pattern(
+    residuals: Sequence[Variable], xs: Sequence[Variable], sizes: Sequence[int], max_nnz: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The (rows, cols) of a superset of ∂F/∂x's pattern, diagonal included, sorted by row then
+    column, for F the flattened and concatenated `residuals` and x the controls `xs` of `sizes`
+    elements (F as long as x); None if the graph cannot be read, F's length differs from x's, or
+    the pattern holds more than `max_nnz` entries.
+
+    The first-order half of the Hessian reading: F's own dependence sets (row e of D_F holds the
+    elements of x that F_e depends on), with no pairs recorded. The diagonal is added so that a
+    sparse LU of A (or of A − I, a fixed point's) has every pivot position in its pattern."""
+    n = int(sum(sizes))
+    reader = _FirstOrderReader(n, max_nnz)
+    if not _start(reader, xs, sizes):
+        return None
+    try:
+        for residual in residuals:
+            reader.run_outputs([residual], xs)
+        found = [reader.known.get(residual) for residual in residuals]
+    except _GiveUp:
+        return None
+    except Exception:  # an Op whose python implementation refuses the labels: not readable
+        return None
+    rows = []
+    for residual, dependence in zip(residuals, found, strict=True):
+        size = int(np.prod(_shape_of(residual))) if dependence is None else dependence.size
+        rows.append(
+            sp.csr_array((size, n), dtype=bool) if dependence is None else dependence.matrix
+        )
+    pattern = sp.vstack(rows, format="csr") if rows else sp.csr_array((0, n), dtype=bool)
+    if pattern.shape[0] != n:
+        return None
+    pattern = sp.coo_array(pattern + sp.identity(n, dtype=bool, format="csr"))
+    if pattern.nnz > max_nnz:
+        return None
+    order = np.lexsort((pattern.col, pattern.row))
+    return pattern.row[order].astype(np.int64), pattern.col[order].astype(np.int64)
+
+
+def _start(reader, xs, sizes) -> bool:
+    """Seed `reader` with the controls: each element of x depends on itself (False if a
+    control's shape is not known)."""
+    offset = 0
+    for x, size in zip(xs, sizes, strict=True):
+        shape = _static_shape(x) or ((size,) if x.type.ndim == 1 else None)
+        if shape is None or int(np.prod(shape, dtype=np.int64)) != size:
+            return False
+        eye = sp.csr_array(
+            (np.ones(size, dtype=bool), (np.arange(size), offset + np.arange(size))),
+            shape=(size, reader.n),
+        )
+        reader.known[x] = _Dependence(shape, eye)
+        offset += size
+    return True
 
 
 class _Reader:
@@ -144,7 +191,14 @@ class _Reader:
 
     # --- the pass ---------------------------------------------------------------------------
     def run(self, objective, xs) -> None:
-        for node in io_toposort(list(xs), [objective]):
+        self.run_outputs([objective], xs)
+        if (objective.ndim != 0) or (objective in self.known and self.known[objective].size != 1):
+            raise _GiveUp("the objective is not a scalar")
+        self.condense()
+
+    def run_outputs(self, outputs, xs) -> None:
+        """The dependence sets of every variable between `xs` and `outputs`."""
+        for node in io_toposort(list(xs), list(outputs)):
             dependent = [self.known.get(i) for i in node.inputs]
             if all(d is None for d in dependent):
                 continue
@@ -158,9 +212,6 @@ class _Reader:
             if len(node.outputs) != 1:
                 raise _GiveUp(f"multi-output {node.op}")
             self.known[node.outputs[0]] = self.rule(node, dependent)
-        if (objective.ndim != 0) or (objective in self.known and self.known[objective].size != 1):
-            raise _GiveUp("the objective is not a scalar")
-        self.condense()
 
     def rule(self, node, dependent) -> _Dependence:
         op = node.op
@@ -350,6 +401,13 @@ def _static_shape(var):
     if shape is None or None in shape:
         return None
     return tuple(int(s) for s in shape)
+
+
+class _FirstOrderReader(_Reader):
+    """The dependence sets alone (a Jacobian's pattern): no second-order pairs are recorded."""
+
+    def add_pairs(self, left, right) -> None:
+        return None
 
 
 def _shape_of(var):

@@ -88,6 +88,7 @@ __all__ = [
     "numeric_pattern",
     "resolve_structure",
     "sparse_hessian_structure",
+    "sparse_jacobian_structure",
     "verify_structure",
 ]
 
@@ -579,6 +580,35 @@ def numeric_pattern(
     return pattern if found else None
 
 
+def _sizes_unknown(argument: str) -> ValueError:
+    return ValueError(
+        f"`{argument}='sparse'` needs the size of `x` when the graph is built; `x` has no "
+        "static shape and `x0` gives none. Give `x` a static shape (e.g. "
+        "`pt.vector('x', shape=(n,))`) or a numeric `x0`."
+    )
+
+
+def sparse_jacobian_structure(residual: Sequence[Variable], xs, sizes, *, argument: str):
+    """A :class:`~pymc_optim.linalg.sparse_lu.SparseJacobianStructure` on the pattern of ∂F/∂x
+    read off the graph (the dependence sets of F's entries; memory O(nnz)), for an explicit
+    ``"sparse"`` of a root or fixed point; a ValueError naming `argument` where x's size is
+    unknown or the pattern cannot be read."""
+    if sizes is None:
+        raise _sizes_unknown(argument)
+    from pymc_optim.linalg import _hessian_sparsity
+    from pymc_optim.linalg.sparse_lu import JacobianPattern, SparseJacobianStructure
+
+    n = int(sum(sizes))
+    found = _hessian_sparsity.jacobian_pattern(list(residual), xs, sizes, max_nnz=n * n)
+    if found is None:
+        raise ValueError(
+            f"`{argument}='sparse'`: the Jacobian's sparsity pattern cannot be read off the graph "
+            "(it holds an Op the structural reading does not follow, or an index that is not a "
+            f"constant). Pass `{argument}='dense'`."
+        )
+    return SparseJacobianStructure(pattern=JacobianPattern(*found, n))
+
+
 def verify_structure(
     structure: LinearStructure,
     proved: LinearStructure,
@@ -663,11 +693,7 @@ def sparse_hessian_structure(
     if sizes is None:
         if not required:
             return None
-        raise ValueError(
-            f"`{argument}='sparse'` needs the size of `x` when the graph is built; `x` has no "
-            "static shape and `x0` gives none. Give `x` a static shape (e.g. "
-            "`pt.vector('x', shape=(n,))`) or a numeric `x0`."
-        )
+        raise _sizes_unknown(argument)
     from pymc_optim.linalg import _cholesky, _hessian_sparsity
 
     n = int(sum(sizes))
@@ -756,13 +782,9 @@ def resolve_structure(
     xs = problem.inner_xs
     shapes = _x0_shapes(x0, xs)
     if structure == SPARSE:
-        if objective is None:
-            raise ValueError(
-                f"`{argument}='sparse'` is for minimization (a symmetric positive definite "
-                "Hessian); a root or fixed-point Jacobian is not symmetric. Use "
-                f"`{argument}='auto'` or `'dense'`."
-            )
         sizes = _control_sizes(xs, shapes)
+        if objective is None:  # a root's or fixed point's Jacobian: no symmetry, a sparse LU
+            return sparse_jacobian_structure(residual, xs, sizes, argument=argument)
         return sparse_hessian_structure(objective, xs, sizes, required=True, argument=argument)
     if objective is not None:
         proved = hessian_structure(objective, xs, shapes)

@@ -63,9 +63,11 @@ def fixed_point(
         Stop when max|T(x) − x| ≤ tol.
     max_iter : int, default 10000
         Iteration limit (for ``"newton"``, Newton steps).
-    structure : {"auto", "dense", "diagonal", "block_diagonal"}, default "auto"
+    structure : {"auto", "dense", "diagonal", "block_diagonal", "sparse"}, default "auto"
         Layout of I − ∂T/∂x for Newton steps and the implicit gradient (see :func:`minimize`);
-        ``"auto"`` reads it off the update's graph (diagonal when T_i reads x_i only).
+        ``"auto"`` reads it off the update's graph (diagonal when T_i reads x_i only);
+        ``"sparse"`` reads its pattern off the graph and solves by a sparse LU (see
+        :func:`root`).
     block_size : int, optional
         The block size for ``structure="block_diagonal"``.
 

@@ -110,10 +110,12 @@ def minimize(
     hess : bool, default False
         Give scipy the dense Hessian. When False, Hessian-based methods that accept a
         Hessian-vector product (Newton-CG, trust-ncg, trust-krylov, trust-constr) get one.
-    structure : {"auto", "dense", "diagonal", "block_diagonal"}, default "auto"
+    structure : {"auto", "dense", "diagonal", "block_diagonal", "sparse"}, default "auto"
         Layout of the Hessian, used by Newton steps and by the implicit gradient's solve:
         ``"diagonal"`` when each element of x enters the objective separately (independent
-        random effects), ``"block_diagonal"`` for consecutive blocks of `block_size` elements.
+        random effects), ``"block_diagonal"`` for consecutive blocks of `block_size` elements,
+        ``"sparse"`` for a sparse Hessian whose pattern is read off the graph (a GMRF: a sparse
+        Cholesky; extra ``sparse``), or a :class:`~pymc_optim.linalg.sparse.SparseStructure`.
         ``"auto"`` reads the layout off the objective's graph (diagonal when it is a sum of
         terms each of one element of x, block-diagonal when a sum of terms each of one group of
         consecutive elements: the rows of a matrix-shaped x, constant slices; else dense;

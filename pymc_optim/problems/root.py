@@ -60,11 +60,14 @@ def root(
         Jacobian and an Armijo line search on ½‖F‖², compiled into the graph (no scipy).
     jac : bool, default True
         Give scipy the Jacobian (built symbolically). Only ``"hybr"`` and ``"lm"`` use it.
-    structure : {"auto", "dense", "diagonal", "block_diagonal"}, default "auto"
+    structure : {"auto", "dense", "diagonal", "block_diagonal", "sparse"}, default "auto"
         Layout of the Jacobian ∂F/∂x, used by Newton steps and the implicit gradient's solve
         (see :func:`minimize`); ``"auto"`` reads it off the equations' graph (diagonal when
         each equation reads its own element of x only, block-diagonal when each row of a
-        matrix-shaped x's equations reads that row only, else dense).
+        matrix-shaped x's equations reads that row only, else dense). ``"sparse"`` reads the
+        Jacobian's pattern off the graph and solves by a sparse LU
+        (:class:`~pymc_optim.linalg.sparse_lu.SparseJacobianStructure`: equations coupling
+        neighbours on a chain, grid or network, at 10³–10⁵ unknowns); C and numba backends.
     block_size : int, optional
         The block size for ``structure="block_diagonal"``.
     optimizer_kwargs : dict, optional

@@ -648,8 +648,6 @@ def test_structure_sparse_errors():
         pmo.minimize(objective, x, method="newton", structure="sparse")
     with pytest.raises(ValueError, match=r"`block_size` is only used with.*`structure='sparse'`"):
         pmo.minimize(objective, x, x0=np.zeros(3), structure="sparse", block_size=2)
-    with pytest.raises(ValueError, match=r"`structure='sparse'` is for minimization"):
-        pmo.root(x**3 - tau, x, x0=np.ones(3), method="newton", structure="sparse")
     unreadable = (pt.cumsum(x) ** 2).sum() - tau * x.sum()
     with pytest.raises(ValueError, match=r"sparsity pattern cannot be read off the graph"):
         pmo.minimize(unreadable, x, x0=np.zeros(3), method="newton", structure="sparse")
