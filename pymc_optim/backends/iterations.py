@@ -208,6 +208,8 @@ def _newton_batch(system, merit, z, rows, *, structure, minimization, tol, max_i
         t = np.where(accepted, 1.0, 0.0)
         t_try = np.ones(n_problems)
         searching = backtrack.copy()
+        fresh = backtrack & running  # problems whose point moves since the last system call
+        settled = False
         for _ in range(MAX_BACKTRACKS - 1):
             t_try = np.where(searching, 0.5 * t_try, t_try)
             trial = merit(np.where(expand(searching), z + expand(t_try) * d, z))
@@ -215,13 +217,24 @@ def _newton_batch(system, merit, z, rows, *, structure, minimization, tol, max_i
             found = searching & (trial <= m + ARMIJO * t_try * slope)  # False for NaN
             t = np.where(found, t_try, t)
             searching &= ~found
+            if searching.any():
+                continue
+            z_new = np.where(expand(running), z + expand(t) * d, z)
+            m_new, F_new, A_new = system(z_new)
+            n_evaluations += fresh
+            # the merit's graph and the system's round apart: a point where the merit is finite
+            # and the system is not (a parameter check on the edge) is a rejected step too
+            searching = fresh & ~finite(m_new, F_new)
+            fresh = searching
             if not searching.any():
+                settled = True
                 break
-        if searching.any():
+        if not settled:
             stop(searching, ~everything, iteration)
-        z = np.where(expand(running), z + expand(t) * d, z)
-        m, F, A = system(z)
-        n_evaluations += backtrack & running
+            z_new = np.where(expand(running), z + expand(t) * d, z)
+            m_new, F_new, A_new = system(z_new)
+            n_evaluations += fresh & running
+        z, m, F, A = z_new, m_new, F_new, A_new
     return z, success, n_iterations, n_evaluations
 
 
@@ -303,19 +316,24 @@ def _newton_one(
         t = 1.0
         for _ in range(MAX_BACKTRACKS - 1):
             t *= 0.5
-            trial = float(merit(z + t * d)[0])
+            z_trial = z + t * d
+            trial = float(merit(z_trial)[0])
             n_evaluations += 1
-            if trial <= m + ARMIJO * t * slope:  # False for NaN
+            if not trial <= m + ARMIJO * t * slope:  # (True for NaN)
+                continue
+            m_trial, F_trial, A_trial = system(z_trial)
+            m_trial = float(m_trial[0])
+            F_max_trial = float(np.abs(F_trial).max(initial=0.0))
+            n_evaluations += 1
+            # a point where the merit's graph is finite and the system's, rounded apart, is not
+            # (a parameter check on the edge) is a rejected step too
+            if math.isfinite(m_trial) and math.isfinite(F_max_trial):
                 break
         else:
             return result(False, iteration)
-        z = z + t * d
+        z, m, F, A, F_max = z_trial, m_trial, F_trial, A_trial, F_max_trial
         if z_bound is not None:
             z_bound = (z_bound + t * d_max) * (1.0 + 1e-12)
-        m, F, A = system(z)
-        m = float(m[0])
-        F_max = float(np.abs(F).max(initial=0.0))
-        n_evaluations += 1
     return result(False, max_iter)
 
 

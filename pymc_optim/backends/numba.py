@@ -289,6 +289,9 @@ def _newton_loop(
             t = np.where(accepted, 1.0, 0.0)
             t_try = np.ones(n_problems)
             searching = backtrack.copy()
+            fresh = backtrack & running
+            settled = False
+            z_new = z
             for _ in range(MAX_BACKTRACKS - 1):
                 t_try = np.where(searching, 0.5 * t_try, t_try)
                 trial = merit(np.where(searching[owner], z + t_try[owner] * d, z), args)
@@ -296,12 +299,22 @@ def _newton_loop(
                 found = searching & (trial <= m + ARMIJO * t_try * slope)  # False for NaN
                 t = np.where(found, t_try, t)
                 searching = searching & ~found
+                if np.any(searching):
+                    continue
+                z_new = np.where(running[owner], z + t[owner] * d, z)
+                m, F, A = system(z_new, args)
+                n_evaluations += fresh
+                searching = fresh & ~(np.isfinite(m) & _rows_finite(F, rows))
+                fresh = searching
                 if not np.any(searching):
+                    settled = True
                     break
-            _stop(running, success, n_iterations, searching, nothing, iteration)
-            z = np.where(running[owner], z + t[owner] * d, z)
-            m, F, A = system(z, args)
-            n_evaluations += backtrack & running
+            if not settled:
+                _stop(running, success, n_iterations, searching, nothing, iteration)
+                z_new = np.where(running[owner], z + t[owner] * d, z)
+                m, F, A = system(z_new, args)
+                n_evaluations += fresh & running
+            z = z_new
         return z, success, n_iterations, n_evaluations
 
     return newton

@@ -5,6 +5,7 @@ import pytensor
 import pytensor.tensor as pt
 import pytest
 from numpy.testing import assert_allclose
+from pytensor.graph import vectorize_graph
 
 import pymc_optim as pmo
 
@@ -405,16 +406,17 @@ def test_laplace_warm_start_follows_a_straight_path():
     assert sum(iterations[True][2:]) < sum(iterations[False][2:])
 
 
-@pytest.mark.parametrize("mode", [None, "JAX"])
+@pytest.mark.parametrize("mode", [None, "NUMBA", "JAX"])
 def test_a_trial_step_that_breaks_a_parameter_check_is_a_rejected_step(mode):
     """pm.NegativeBinomial's logp rebuilds mu = α(1 − p)/p from p = α/(α + eᵘ) and checks
     `mu > 0`. From u = 10 with a zero count and a weak prior the Newton step is about −10⁶ (the
     curvature is ~e⁻¹⁰ + 1/σ²): at the trial point p rounds to 1, mu to 0, and the check fails.
     As PyMC compiles a logp, the check gives −inf there (the merit +inf), so the line search
     backtracks and the solve converges; the check used to raise, and the whole solve ended as
-    invalid (at a posterior point, "Bad initial energy" in pm.sample). (Under numba the check
-    is −inf too, but this solve still fails: its line search accepts u ≈ −480, where the
-    merit's own compiled graph is finite and the system's, rounded otherwise, is not.)"""
+    invalid (at a posterior point, "Bad initial energy" in pm.sample). Under numba the line
+    search's merit accepted u ≈ −480, where the merit's own compiled graph is finite and the
+    system's, rounded otherwise, is not: a point where the system is not finite is a rejected
+    step too."""
     import pymc as pm
 
     if mode is not None:
@@ -425,9 +427,15 @@ def test_a_trial_step_that_breaks_a_parameter_check_is_a_rejected_step(mode):
     objective = objective + 0.5 * (u**2).sum() / 1e6  # a weak N(0, 1000²) prior
     u_star, ok = pmo.minimize(objective, u, x0=np.array([10.0, 1.0]), method="newton")
     iterations = pmo.solution_info(u_star).n_iterations
+    alphas = pt.vector("alphas")  # a batch of problems: the stacked loop
+    batched = vectorize_graph([u_star, ok, iterations], {alpha: alphas})
     fn = pytensor.function([alpha], [u_star, ok, iterations], mode=mode)
-    got, success, n_iterations = fn(1.0)
-    assert success and n_iterations > 0
-    # the stationarity condition of each element, by hand: (y + α) eᵘ/(α + eᵘ) − y + u/σ² = 0
-    score = (counts + 1.0) * np.exp(got) / (1.0 + np.exp(got)) - counts + got / 1e6
-    assert_allclose(score, 0.0, atol=1e-8)
+    fn_batch = pytensor.function([alphas], batched, mode=mode)
+    for a, (got, success, n_iterations) in [
+        (1.0, fn(1.0)),
+        *zip([1.0, 2.0], zip(*fn_batch(np.array([1.0, 2.0])), strict=True), strict=True),
+    ]:
+        assert success and n_iterations > 0
+        # the stationarity condition of each element by hand: (y + α) eᵘ/(α + eᵘ) − y + u/σ² = 0
+        score = (counts + a) * np.exp(got) / (a + np.exp(got)) - counts + got / 1e6
+        assert_allclose(score, 0.0, atol=1e-8)
