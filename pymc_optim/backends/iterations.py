@@ -88,7 +88,9 @@ def _newton(system, merit, z0, *, rows=None, **options):
 
     Each iteration evaluates `system` once at the full step z + d (its merit decides the step);
     only when that is rejected does it backtrack with `merit` and evaluate `system` again at
-    the accepted point.
+    the accepted point; where the system is not finite there although the merit is (the two
+    graphs round apart at the edge of a parameter check), the backtracking goes on. With
+    several problems that check is made once every problem's search has found its point.
 
     One problem only (`rows` None), two options for a sequence of nearby solves (latent draws
     along a tour): `chord`, a compact A of a nearby problem (the last solve's), makes the solve
@@ -234,6 +236,8 @@ def _newton_batch(system, merit, z, rows, *, structure, minimization, tol, max_i
             z_new = np.where(expand(running), z + expand(t) * d, z)
             m_new, F_new, A_new = system(z_new)
             n_evaluations += fresh & running
+            # (the system at the point of a search ended early is checked at the next
+            # iteration's start, which fails it there)
         z, m, F, A = z_new, m_new, F_new, A_new
     return z, success, n_iterations, n_evaluations
 

@@ -104,8 +104,9 @@ def _solve_function(structure: LinearStructure):
         return _solve_diagonal, "diagonal"
     A = pt.tensor("A", dtype="float64", shape=(None,) * structure.compact_ndim)
     F = pt.vector("F", dtype="float64")
-    # LU (getrf + getrs) as numpy.linalg.solve in the numpy loop; a sparse A is symmetric
+    # LU (getrf + getrs) as numpy.linalg.solve in the numpy loop; a sparse Hessian is symmetric
     # positive definite by construction and factorized by Cholesky, as its `solve_numpy` does
+    # (a sparse Jacobian's solve is its sparse LU, whatever `symmetric` says)
     d = structure.solve(A, F, transposed=False, symmetric=structure.kind == "sparse")
     solve_fn, key = _numba_function([A, F], [d])
 
@@ -291,7 +292,7 @@ def _newton_loop(
             searching = backtrack.copy()
             fresh = backtrack & running
             settled = False
-            z_new = z
+            z_new, m_new, F_new, A_new = z, m, F, A
             for _ in range(MAX_BACKTRACKS - 1):
                 t_try = np.where(searching, 0.5 * t_try, t_try)
                 trial = merit(np.where(searching[owner], z + t_try[owner] * d, z), args)
@@ -302,9 +303,9 @@ def _newton_loop(
                 if np.any(searching):
                     continue
                 z_new = np.where(running[owner], z + t[owner] * d, z)
-                m, F, A = system(z_new, args)
+                m_new, F_new, A_new = system(z_new, args)
                 n_evaluations += fresh
-                searching = fresh & ~(np.isfinite(m) & _rows_finite(F, rows))
+                searching = fresh & ~(np.isfinite(m_new) & _rows_finite(F_new, rows))
                 fresh = searching
                 if not np.any(searching):
                     settled = True
@@ -312,9 +313,11 @@ def _newton_loop(
             if not settled:
                 _stop(running, success, n_iterations, searching, nothing, iteration)
                 z_new = np.where(running[owner], z + t[owner] * d, z)
-                m, F, A = system(z_new, args)
+                m_new, F_new, A_new = system(z_new, args)
                 n_evaluations += fresh & running
-            z = z_new
+                # (the system at the point of a search ended early is checked at the next
+                # iteration's start, which fails it there)
+            z, m, F, A = z_new, m_new, F_new, A_new
         return z, success, n_iterations, n_evaluations
 
     return newton

@@ -529,14 +529,14 @@ def dropped_entries(structure: LinearStructure, pattern: np.ndarray) -> np.ndarr
         keep = np.ones(rows.shape, dtype=bool)
     elif structure.kind == "diagonal":
         keep = rows == cols
-    elif structure.kind == "sparse":  # the structure's own pattern (its lower triangle)
-        lower_rows, lower_cols = np.maximum(rows, cols), np.minimum(rows, cols)
+    elif structure.kind == "sparse":  # the structure's own pattern
+        from pymc_optim.linalg.sparse_lu import SparseJacobianStructure
+
         pairs = zip(structure.pattern.rows.tolist(), structure.pattern.cols.tolist(), strict=True)
         stated = set(pairs)
-        stated |= {(j, i) for i, j in stated}
-        keep = np.array(
-            [(i, j) in stated for i, j in zip(lower_rows, lower_cols, strict=True)], dtype=bool
-        )
+        if not isinstance(structure, SparseJacobianStructure):  # a symmetric A's lower triangle
+            stated |= {(j, i) for i, j in stated}
+        keep = np.array([(i, j) in stated for i, j in zip(rows, cols, strict=True)], dtype=bool)
     else:
         keep = rows // structure.block_size == cols // structure.block_size
     return np.stack([rows[~keep], cols[~keep]], axis=1)

@@ -7,25 +7,29 @@ from __future__ import annotations
 from pymc.model.fgraph import ModelVar
 from pytensor.compile.builders import OpFromGraph
 from pytensor.graph.basic import Constant
-from pytensor.graph.traversal import ancestors
 from pytensor.tensor.variable import TensorVariable
 
 __all__ = ["graphs_at_mode", "outer_inputs"]
 
 
 def outer_inputs(outputs, exclude) -> list:
-    """The outermost model variables (and shared variables) `outputs` are computed from."""
+    """The model variables (and shared variables) `outputs` read, not looking inside a model
+    variable: a Deterministic and the variable it is computed from both appear when `outputs`
+    read both."""
     excluded = set(exclude)
-    found = []
-    for v in ancestors(outputs, blockers=None):
+    found, seen, stack = [], set(), list(outputs)[::-1]
+    while stack:
+        v = stack.pop()
+        if v in seen:
+            continue
+        seen.add(v)
         if v in excluded or isinstance(v, Constant):
             continue
-        if v.owner is not None and isinstance(v.owner.op, ModelVar):
-            found.append(v)
-        elif v.owner is None:  # data (shared variables) and other roots
-            found.append(v)
-    inner = set(ancestors([i for v in found if v.owner is not None for i in v.owner.inputs]))
-    return [v for v in found if v not in inner]
+        if v.owner is None or isinstance(v.owner.op, ModelVar):
+            found.append(v)  # data (shared variables) and other roots, or a model variable
+        else:
+            stack.extend(v.owner.inputs[::-1])
+    return found
 
 
 def graphs_at_mode(expressions, z: TensorVariable, z_star) -> list[TensorVariable]:

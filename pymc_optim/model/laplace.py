@@ -24,7 +24,7 @@ from pymc.model.fgraph import (
 from pytensor.gradient import disconnected_type, grad
 from pytensor.graph.basic import Apply, Constant
 from pytensor.graph.op import Op
-from pytensor.graph.replace import graph_replace, vectorize_graph
+from pytensor.graph.replace import clone_replace, graph_replace, vectorize_graph
 from pytensor.graph.rewriting.basic import node_rewriter
 from pytensor.graph.traversal import ancestors
 from pytensor.tensor.rewriting.basic import register_canonicalize
@@ -400,7 +400,8 @@ def marginalize_laplace(
     recovery_outputs = _replace(_replace(recovery_outputs, removed_observed), to_constrained)
     params = outer_inputs(recovery_outputs, exclude=[z])
     placeholders = [p.type() for p in params]
-    recovery_outputs = _replace(recovery_outputs, dict(zip(params, placeholders, strict=True)))
+    # (clone_replace: a Deterministic and a variable it is computed from may both be params)
+    recovery_outputs = clone_replace(recovery_outputs, dict(zip(params, placeholders, strict=True)))
     marker = LaplaceMarginal(
         latent_names=[rv.name for rv in latent_rvs],
         observed_names=[obs.name for obs in dependents],

@@ -104,6 +104,39 @@ def test_an_observed_variable_may_depend_on_a_deterministic_of_the_latent():
         assert_allclose(logp(point), reference(point), rtol=1e-12)
 
 
+def test_a_deterministic_of_a_hyperparameter_read_next_to_the_hyperparameter_itself():
+    """The likelihood and a Deterministic of the latent read sigma and tau = sigma⁻² both: the
+    Hessian at the mode and the recovery graph take each as an input (taking only the outermost
+    once left sigma's own reading without an input: MissingInputError)."""
+    counts = np.array([0, 3, 1, 5, 2, 2, 4, 1])
+    group = np.arange(8) % 4
+
+    def model(with_tau: bool) -> pm.Model:
+        with pm.Model() as model:
+            sigma = pm.HalfNormal("sigma", F64(1.0))
+            u = pm.Normal("u", F64(0.0), sigma, shape=4)
+            if with_tau:
+                tau = pm.Deterministic("tau", sigma**-2)
+                eta = u[group] * tau * sigma**2 + 0.1 * sigma  # = u + 0.1 σ
+                pm.Deterministic("d", u * tau + sigma)
+            else:
+                eta = u[group] + 0.1 * sigma
+            pm.Poisson("y", pt.exp(eta), observed=counts)
+        return model
+
+    marginal = pmo.marginalize_laplace(model(True), "u")
+    logp = marginal.compile_logp()
+    reference = pmo.marginalize_laplace(model(False), "u").compile_logp()
+    for s in (0.3, 0.8, 1.5):
+        point = {"sigma_log__": np.log(s)}
+        assert_allclose(logp(point), reference(point), rtol=1e-12)
+    posterior = az.from_dict({"sigma": np.array([[0.4, 0.9, 1.3]])})
+    idata = pmo.recover_latent(marginal, posterior, random_seed=1, progressbar=False)
+    sigma = idata.posterior["sigma"].values[..., None]
+    d, u = idata.posterior["d"].values, idata.posterior["u"].values
+    assert_allclose(d, u / sigma**2 + sigma, rtol=1e-12)
+
+
 # --- per-draw success ----------------------------------------------------------------------------
 def failing_model() -> pm.Model:
     """The likelihood scales the latent by √c: NaN, so a failed inner solve, for c < 0."""
