@@ -1049,6 +1049,8 @@ def _check_latents(model: pm.Model, latent) -> list[TensorVariable]:
                 f"`latent` {name!r} is discrete ({rv.type.dtype}); the Laplace approximation "
                 "needs a continuous latent."
             )
+        if rv in out:
+            raise ValueError(f"`latent` lists {name!r} twice ({items!r}); name each variable once.")
         _check_static_size(model, rv)
         if not _is_gaussian(rv, model):
             warnings.warn(

@@ -670,6 +670,13 @@ def test_unknown_latent_name_raises():
         pmo.marginalize_laplace(intercepts_model(), "u")
 
 
+def test_latent_listed_twice_raises():
+    model = intercepts_model()
+    for latent in (["x", "x"], ["x", model["x"]]):
+        with pytest.raises(ValueError, match="`latent` lists 'x' twice"):
+            pmo.marginalize_laplace(model, latent)
+
+
 def test_observed_latent_raises():
     with pytest.raises(ValueError, match="`latent` 'y' is observed"):
         pmo.marginalize_laplace(intercepts_model(), "y")
