@@ -7,9 +7,26 @@ from __future__ import annotations
 from pymc.model.fgraph import ModelVar
 from pytensor.compile.builders import OpFromGraph
 from pytensor.graph.basic import Constant
+from pytensor.graph.replace import graph_replace
+from pytensor.graph.traversal import ancestors
 from pytensor.tensor.variable import TensorVariable
 
-__all__ = ["graphs_at_mode", "outer_inputs"]
+__all__ = ["graphs_at_mode", "outer_inputs", "replace_variables"]
+
+
+def replace_variables(outputs, replace: dict):
+    """``graph_replace(outputs, replace, strict=False)`` where one replaced variable may be
+    computed from another: of nested random effects ``r`` and ``c ~ Normal(r[region], s)``, a
+    likelihood reads ``c`` only, and PyTensor's graph_replace raises "is not a part of graph"
+    for ``r``, an ancestor it reaches only through ``c``. The keys `outputs` do not reach without
+    passing through another key are dropped first: they are replaced with it."""
+    reached = set(
+        ancestors(
+            outputs if isinstance(outputs, list | tuple) else [outputs], blockers=list(replace)
+        )
+    )
+    used = {key: value for key, value in replace.items() if key in reached}
+    return graph_replace(outputs, used, strict=False)
 
 
 def outer_inputs(outputs, exclude) -> list:

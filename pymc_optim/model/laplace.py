@@ -43,7 +43,7 @@ from pymc_optim.linalg import detect
 from pymc_optim.linalg.latent_gaussian import LatentGaussianStructure
 from pymc_optim.linalg.sparse import SparseStructure
 from pymc_optim.linalg.structure import LinearStructure, _finite, as_linear_structure
-from pymc_optim.model._fgraph import graphs_at_mode, outer_inputs
+from pymc_optim.model._fgraph import graphs_at_mode, outer_inputs, replace_variables
 from pymc_optim.model.constraints import (
     constrained_logdet,
     constrained_mode,
@@ -309,11 +309,11 @@ def marginalize_laplace(
     to_constrained = dict(zip(latent_fg, constrained, strict=True))
     terms = []
     for rv, x, log_jac in zip(latent_fg, constrained, log_jacobians, strict=True):
-        prior = graph_replace(rv.owner.inputs[0], to_constrained, strict=False)
+        prior = replace_variables(rv.owner.inputs[0], to_constrained)
         terms.append(_logp(prior, x).sum() + log_jac)
     for obs in dependents:
         obs_rv, data = obs.owner.inputs[0], obs.owner.inputs[1]
-        terms.append(_logp(graph_replace(obs_rv, to_constrained, strict=False), data).sum())
+        terms.append(_logp(replace_variables(obs_rv, to_constrained), data).sum())
     joint = pt.add(*terms)
 
     constraint = None
@@ -397,7 +397,9 @@ def marginalize_laplace(
     # the observed variables leave the model: a Deterministic using one uses its data
     removed_observed = {obs: obs.owner.inputs[1] for obs in dependents}
     # (in two steps: graph_replace cannot replace a variable and one of its ancestors at once)
-    recovery_outputs = _replace(_replace(recovery_outputs, removed_observed), to_constrained)
+    recovery_outputs = replace_variables(
+        replace_variables(recovery_outputs, removed_observed), to_constrained
+    )
     params = outer_inputs(recovery_outputs, exclude=[z])
     placeholders = [p.type() for p in params]
     # (clone_replace: a Deterministic and a variable it is computed from may both be params)
@@ -621,7 +623,7 @@ def _recovery_function(marginal_model: pm.Model, node, mean_correction: bool, *,
         recovered = _recovery_draw(node, z, at_z, noise, params, mean_correction, centre=x_star)
         outputs = graph_replace([*recovered, x_star, success], replacements, strict=False)
     values = [rv.type(name=rv.name) for rv in rvs]
-    outputs = graph_replace(outputs, dict(zip(rvs, values, strict=True)), strict=False)
+    outputs = replace_variables(outputs, dict(zip(rvs, values, strict=True)))
     cache[key] = pytensor.function(
         [*values, start, noise], outputs, on_unused_input="ignore", mode=compile_mode
     )
@@ -666,7 +668,7 @@ def _recovery_draw(node, mode_in, hessian_in, noise, params, mean_correction, ce
     if constraint is not None:  # N(x_c + δ, H⁻¹) conditioned on A z = 0
         draw = krige(op.structure, hessian_in, constraint, draw)
     replace = dict(zip(op.recovery_inputs, [draw, *params], strict=True))
-    return _replace(op.recovery_outputs, replace)
+    return replace_variables(op.recovery_outputs, replace)
 
 
 def _nearest_neighbour_order(points: np.ndarray) -> list[int]:
@@ -1016,14 +1018,6 @@ def _inline_latent_deterministics(fgraph, latent_fg):
     return out
 
 
-def _replace(outputs, replacements):
-    """`graph_replace` of those `replacements` whose keys `outputs` depend on."""
-    present = set(ancestors(outputs))
-    return graph_replace(
-        outputs, {k: v for k, v in replacements.items() if k in present}, strict=False
-    )
-
-
 def _check_latents(model: pm.Model, latent) -> list[TensorVariable]:
     items = list(latent) if isinstance(latent, list | tuple) else [latent]
     if not items:
@@ -1037,6 +1031,8 @@ def _check_latents(model: pm.Model, latent) -> list[TensorVariable]:
                 f"{[rv.name for rv in model.free_RVs]}.{_gp_marginal_hint(model)}"
             )
         rv = model[name]
+        if _imputed_name(model.named_vars, name) is not None:
+            raise _missing_values_error(name)
         if rv in model.observed_RVs:
             raise ValueError(
                 f"`latent` {name!r} is observed; only free variables can be marginalized."
@@ -1288,6 +1284,8 @@ def _observed_dependents(fgraph, latent_fg, latent_rvs):
             continue
         if isinstance(node.op, ModelObservedRV):
             dependents.append(var)
+        elif _imputed_name({out.name for out in fgraph.outputs}, var.name) is not None:
+            raise _missing_values_error(var.name)
         else:
             raise NotImplementedError(
                 f"`{var.name}` ({type(node.op).__name__}) depends on a marginalized latent; only "
@@ -1301,6 +1299,27 @@ def _observed_dependents(fgraph, latent_fg, latent_rvs):
                 "to marginalize against."
             )
     return dependents
+
+
+def _imputed_name(names, name: str | None) -> str | None:
+    """The observed variable whose missing values the free variable `name` holds (PyMC splits an
+    observed `y` with NaNs into an observed `y_observed` and a free `y_unobserved`), else None;
+    `names` are the model's variable names."""
+    if not (name or "").endswith("_unobserved"):
+        return None
+    base = name[: -len("_unobserved")]
+    return base if f"{base}_observed" in names else None
+
+
+def _missing_values_error(imputed: str) -> NotImplementedError:
+    observed = imputed[: -len("_unobserved")]
+    return NotImplementedError(
+        f"`{observed}` has missing values: PyMC imputes them as the free variable `{imputed}`, "
+        "which depends on the marginalized latent, and a Laplace marginal needs everything that "
+        f"depends on the latent observed. Drop the missing entries of `{observed}` (and the "
+        "matching rows of its indices or covariates) before marginalizing, then predict them "
+        "from the recovered latent (e.g. pm.sample_posterior_predictive on a model over all rows)."
+    )
 
 
 def _logp(rv, value):

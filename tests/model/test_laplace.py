@@ -611,6 +611,63 @@ def test_recover_latent_with_several_latents():
     assert bool(idata.posterior["a_b_solved"].all())
 
 
+#: nested random effects: 6 counties in 2 regions, 4 observations per county
+NESTED_REGION = np.arange(6) % 2
+NESTED_COUNTY = np.repeat(np.arange(6), 4)
+Y_NESTED = np.random.default_rng(0).normal(size=NESTED_COUNTY.size)
+
+
+@cache
+def nested_marginal() -> pm.Model:
+    """The county effects are centred on their region's effect: the likelihood reads c only, and
+    r reaches it through c's prior (PyTensor's graph_replace refused such a pair)."""
+    with pm.Model(coords={"region": range(2), "county": range(6)}) as model:
+        s_r = pm.HalfNormal("s_r", F64(1.0))
+        s_c = pm.HalfNormal("s_c", F64(1.0))
+        r = pm.Normal("r", F64(0.0), s_r, dims="region")
+        c = pm.Normal("c", r[NESTED_REGION], s_c, dims="county")
+        pm.Normal("y", c[NESTED_COUNTY], F64(0.9), observed=Y_NESTED)
+    return pmo.marginalize_laplace(model, ["r", "c"])
+
+
+def test_nested_latents_are_marginalized_exactly():
+    """y ~ N(0, s_r² Z_r Z_rᵀ + s_c² Z_c Z_cᵀ + 0.81 I), Z_r the region of each observation."""
+    compiled = Compiled(nested_marginal(), ["s_r_log__", "s_c_log__"])
+    z_r, z_c = np.eye(2)[NESTED_REGION][NESTED_COUNTY], np.eye(6)[NESTED_COUNTY]
+    for s_r, s_c in [(0.7, 0.4), (1.5, 0.1)]:
+        cov = s_r**2 * z_r @ z_r.T + s_c**2 * z_c @ z_c.T + 0.81 * np.eye(NESTED_COUNTY.size)
+        expected = (
+            scipy.stats.multivariate_normal.logpdf(Y_NESTED, np.zeros(NESTED_COUNTY.size), cov)
+            + scipy.stats.halfnorm.logpdf([s_r, s_c]).sum()
+            + np.log(s_r * s_c)
+        )
+        assert_allclose(compiled.logp([np.log(s_r), np.log(s_c)]), expected, rtol=0, atol=1e-8)
+    idata = az.from_dict(posterior={"s_r": np.full((1, 4), 0.7), "s_c": np.full((1, 4), 0.4)})
+    pmo.recover_latent(nested_marginal(), idata, random_seed=1, progressbar=False)
+    assert idata.posterior["r"].dims[-1] == "region" and idata.posterior["c"].shape == (1, 4, 6)
+
+
+def test_recover_latent_with_nested_hyperparameters():
+    """b ~ Normal(a, 1) is the latent's mean: recovery replaces both by their draws (a reaches
+    the latent's graph only through b). Per group u_g ~ N(b, σ²) under 4 Poisson counts, so the
+    draws are N(u*_g, 1/H_g): u*_g solves (b − u)/σ² + Σ(y − eᵘ) = 0, H_g = 1/σ² + 4 e^{u*_g}."""
+    counts = np.random.default_rng(0).poisson(2, 20)
+    group = np.repeat(np.arange(5), 4)
+    with pm.Model() as model:
+        a = pm.Normal("a", F64(0.0), F64(1.0))
+        b = pm.Normal("b", a, F64(1.0))
+        u = pm.Normal("u", b, F64(1.0), shape=5)
+        pm.Poisson("y", pm.math.exp(u[group]), observed=counts)
+    marginal = pmo.marginalize_laplace(model, "u")
+    idata = az.from_dict(posterior={"a": np.zeros((1, N_DRAWS)), "b": np.full((1, N_DRAWS), 0.5)})
+    pmo.recover_latent(marginal, idata, random_seed=1, progressbar=False, mean_correction=False)
+    sums = np.bincount(group, counts)
+    mode = np.array(
+        [scipy.optimize.brentq(lambda u, s=s: 0.5 - u + s - 4 * np.exp(u), -5, 5) for s in sums]
+    )
+    _check_draws_against(idata.posterior["u"].values[0], mode, np.diag(1 / (1 + 4 * np.exp(mode))))
+
+
 Y_POSITIVE = np.array([1.0, 2.0, 0.5])
 SIGMA_POSITIVE = F64(0.5)
 
@@ -674,6 +731,21 @@ def test_latent_listed_twice_raises():
     model = intercepts_model()
     for latent in (["x", "x"], ["x", model["x"]]):
         with pytest.raises(ValueError, match="`latent` lists 'x' twice"):
+            pmo.marginalize_laplace(model, latent)
+
+
+def test_missing_observations_raise_naming_the_variable():
+    """PyMC imputes an observed y with NaNs as a free y_unobserved, which depends on the latent:
+    the error says so and how to proceed, whether only x or also y_unobserved is named."""
+    y = Y.copy()
+    y[[0, 3]] = np.nan
+    with pm.Model() as model:
+        tau = pm.HalfNormal("tau", TAU_SD)
+        x = pm.Normal("x", F64(0.0), tau, shape=N_GROUPS)
+        with pytest.warns(UserWarning, match="missing values"):
+            pm.Normal("y", x[GROUP], SIGMA_Y, observed=y)
+    for latent in ("x", ["x", "y_unobserved"]):
+        with pytest.raises(NotImplementedError, match="`y` has missing values.*Drop the missing"):
             pmo.marginalize_laplace(model, latent)
 
 
