@@ -9,7 +9,7 @@ import numpy as np
 import pytensor
 import pytensor.tensor as pt
 from pytensor.compile.mode import Mode, get_mode
-from pytensor.gradient import DisconnectedType
+from pytensor.gradient import DisconnectedType, NullTypeGradError
 from pytensor.graph.basic import Apply, Variable
 from pytensor.graph.fg import FunctionGraph
 from pytensor.graph.op import HasInnerGraph, Op
@@ -274,7 +274,19 @@ class SolverOp(Op, HasInnerGraph):
         x_grads = output_grads[: self.n_controls]
         if all(isinstance(g.type, DisconnectedType) for g in x_grads):
             return [*disconnected, *(DisconnectedType()() for _ in params), *extras]
-        param_grads = implicit_pullback(self.condition, x_stars, params, x_grads, disconnected=True)
+        try:
+            param_grads = implicit_pullback(
+                self.condition, x_stars, params, x_grads, disconnected=True
+            )
+        except NullTypeGradError as err:  # e.g. pt.prod, whose gradient PyTensor cannot derive
+            raise NotImplementedError(
+                "The gradient of this solution with respect to its parameters solves with the "
+                "Jacobian of its optimality condition (the objective's Hessian for `minimize`), "
+                f"which cannot be built: {err}. Keep this solution out of gradients (e.g. sample "
+                "with a gradient-free step such as `pm.Slice`), or write the problem with "
+                "twice-differentiable operations (pt.exp(pt.log(x).sum()) for a product of "
+                "positive x)."
+            ) from err
         param_grads = [
             g if self._is_differentiable_param(self.n_controls + i, p) else DisconnectedType()()
             for i, (g, p) in enumerate(zip(param_grads, params, strict=True))

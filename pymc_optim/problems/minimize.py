@@ -260,6 +260,8 @@ def minimize(
             f"({no_gradient}). Use a derivative-free method ('Nelder-Mead', 'Powell') or "
             "`method='auto'`."
         )
+    if gradient is not None and (method == "newton" or method in USES_HESS):
+        _check_second_derivatives(method, gradient, problem.inner_xs)
     condition = None
     if gradient is not None:
         structure = resolve_structure(
@@ -281,3 +283,22 @@ def minimize(
             no_gradient=no_gradient,
         )
     return make_solution(op, x0s, [], is_list)
+
+
+def _check_second_derivatives(method: str, gradient, xs) -> None:
+    """A method that uses the Hessian needs the gradient's own derivatives: one reverse pass of
+    (∇f)·p tells (pt.prod's gradient has none in PyTensor)."""
+    probes = [x.type() for x in xs]
+    try:
+        grad(
+            sum((g * p).sum() for g, p in zip(gradient, probes, strict=True)),
+            xs,
+            disconnected_inputs="ignore",
+        )
+    except _NO_GRADIENT as err:
+        raise ValueError(
+            f"`method` {method!r} uses the objective's second derivatives, which cannot be built "
+            f"({type(err).__name__}: {err}). Use a first-order method ('BFGS', 'L-BFGS-B'), or "
+            "write the objective with twice-differentiable operations (a product of positive x "
+            "as pt.exp(pt.log(x).sum()))."
+        ) from err

@@ -138,3 +138,39 @@ def test_pymc_model_evaluates_logp_and_refuses_dlogp():
     assert_allclose(model.compile_logp()(point), expected, atol=1e-6)
     with pytest.raises(NotImplementedError, match="needs the objective's derivatives"):
         model.compile_dlogp()
+
+
+# --- a gradient without second derivatives (pt.prod's) --------------------------------------------
+def _prod_objective():
+    x, a = pt.vector("x"), pt.vector("a")
+    return x, a, 0.01 * pt.prod(x + 3) + (x**2).sum() - (a * x).sum()
+
+
+def _numpy_prod_objective(v, a):
+    return 0.01 * np.prod(v + 3) + np.sum(v**2) - np.sum(a * v)
+
+
+@pytest.mark.parametrize("method", ["BFGS", "auto", "L-BFGS-B"])
+def test_first_order_methods_solve_an_objective_without_second_derivatives(method):
+    """The curvature check at x* is skipped (there is no Hessian to check), not a crash at the
+    first call."""
+    x, a, objective = _prod_objective()
+    x_star, success = pmo.minimize(objective, x, x0=pt.zeros_like(a), method=method)
+    found, ok = pytensor.function([a], [x_star, success])(A_VALUE)
+    expected = optimize.minimize(_numpy_prod_objective, np.zeros(3), args=(A_VALUE,), tol=1e-10).x
+    assert ok
+    assert_allclose(found, expected, atol=1e-5)  # BFGS's gtol 1e-5 on a curvature ~2
+
+
+@pytest.mark.parametrize("method", ["newton", "Newton-CG", "trust-ncg"])
+def test_second_order_methods_refuse_an_objective_without_second_derivatives(method):
+    x, a, objective = _prod_objective()
+    with pytest.raises(ValueError, match=f"`method` '{method}' uses the objective's second"):
+        pmo.minimize(objective, x, x0=pt.zeros_like(a), method=method)
+
+
+def test_implicit_gradient_without_second_derivatives_is_refused_when_the_graph_is_built():
+    x, a, objective = _prod_objective()
+    x_star, _ = pmo.minimize(objective, x, x0=pt.zeros_like(a), method="BFGS")
+    with pytest.raises(NotImplementedError, match="objective's Hessian for `minimize`.*prod"):
+        pt.grad(x_star.sum(), a)

@@ -15,7 +15,7 @@ from functools import cached_property
 
 import numpy as np
 import pytensor.tensor as pt
-from pytensor.gradient import grad
+from pytensor.gradient import NullTypeGradError, grad
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_optim.backends.scipy import callbacks as _scipy
@@ -110,8 +110,13 @@ class MinimizeOp(SolverOp):
         else:
             fns = {"value": ([], [self.value])}
         if self.no_gradient is None:
-            # ∇²f at x* in the structure's compact form, for the curvature check of `solve`
-            fns["curvature"] = ([], [self.condition.jacobian()])
+            # ∇²f at x* in the structure's compact form, for the curvature check of `solve`;
+            # without second derivatives (pt.prod's gradient has none) there is no check, and
+            # the solution's own gradient says why it cannot be built (SolverOp.L_op)
+            try:
+                fns["curvature"] = ([], [self.condition.jacobian()])
+            except NullTypeGradError:
+                pass
         if self.hess:
             fns["hess"] = ([], [self.condition.jacobian_matrix()])
         if self._uses_hessp:
