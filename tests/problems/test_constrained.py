@@ -371,6 +371,26 @@ def test_infeasible_constraints_give_success_false(method):
     assert not success.eval()
 
 
+@pytest.mark.parametrize("method", ["SLSQP", "trust-constr"])
+def test_constraint_that_is_the_control_itself(method):
+    """x ≥ 0 written as {"fun": x}: min ‖x − a‖² is max(a, 0), with ∂x*/∂a = 1 off the active
+    set and 0 on it (PyTensor's scan Jacobian of x itself refused its own inputs)."""
+    x, a = pt.vector("x"), pt.vector("a")
+    x_star, success = pmo.minimize(
+        ((x - a) ** 2).sum(),
+        x,
+        x0=pt.ones_like(a),
+        method=method,
+        constraints={"type": "ineq", "fun": x},
+    )
+    found, ok, slope = pytensor.function([a], [x_star, success, pt.grad(x_star.sum(), a)])(
+        np.array([1.0, -2.0, 4.0])
+    )
+    assert ok
+    assert_allclose(found, [1.0, 0.0, 4.0], atol=1e-6)
+    assert_allclose(slope, [1.0, 0.0, 1.0], atol=1e-6)
+
+
 def test_matrix_control_with_array_bounds():
     X = pt.matrix("X", shape=(2, 3))
     A = pt.matrix("A", shape=(2, 3))

@@ -74,7 +74,9 @@ class ConstrainedMinimizeOp(SolverOp):
         x = kkt.x
         fns = {"value_and_grad": ([], [kkt.objective, grad(kkt.objective, x)])}
         constraint_outputs = [c.ravel() for c in kkt.funs] + [
-            jacobian(c.ravel(), x, disconnected_inputs="ignore").reshape((c.size, x.size))
+            jacobian(c.ravel(), x, vectorize=True, disconnected_inputs="ignore").reshape(
+                (c.size, x.size)
+            )
             for c in kkt.funs
         ]
         if kkt.funs:
@@ -90,7 +92,10 @@ class ConstrainedMinimizeOp(SolverOp):
                 [],
                 [
                     jacobian(
-                        grad((m * c).sum(), x).ravel(), x, disconnected_inputs="ignore"
+                        grad((m * c).sum(), x).ravel(),
+                        x,
+                        vectorize=True,
+                        disconnected_inputs="ignore",
                     ).reshape((x.size, x.size))
                     for m, c in zip(kkt.multipliers, kkt.funs, strict=True)
                 ],
