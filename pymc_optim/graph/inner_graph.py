@@ -183,6 +183,12 @@ def check_initial_guess(x0, x: TensorVariable) -> TensorVariable:
             f"`x0` for `{x}` must have `x`'s shape {x.type.shape}; got shape {x0.type.shape}. "
             "Pass one initial value per element of `x` (or one number to broadcast)."
         )
+    if x0 is not x and x in ancestors([x0]):
+        raise ValueError(
+            f"`x0` for `{x}` is computed from `{x}` itself ({x0}), which has no value before "
+            "the solve. Write it from the parameters or as numbers: e.g. "
+            "`pt.zeros_like(a)` for a parameter `a` of `x`'s shape, or `np.zeros(n)`."
+        )
     return x0.astype(x.type.dtype)
 
 

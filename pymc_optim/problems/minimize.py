@@ -96,9 +96,11 @@ def minimize(
         With `bounds` or `constraints`: "L-BFGS-B" (bounds only; the default then), "SLSQP"
         (the default with constraints), "trust-constr", or "newton" (equality constraints only,
         Newton on the KKT system).
-    bounds : (lower, upper) or scipy.optimize.Bounds, optional
+    bounds : (lower, upper), scipy.optimize.Bounds or a list of (min, max) pairs, optional
         Element-wise bounds on a single `x`: each side ``None`` (unbounded), a number, an array
-        or an expression of the parameters, broadcast to `x`'s shape.
+        or an expression of the parameters, broadcast to `x`'s shape. scipy's list of one
+        (min, max) pair per element of a vector `x` is read as such, except two pairs of
+        numbers, which could also mean (lower, upper): refused as ambiguous.
     constraints : dict or list of dict, optional
         scipy-style ``{"type": "eq" | "ineq", "fun": expr}`` with `expr` a symbolic expression of
         `x` and of the parameters (any shape): expr = 0, or expr ≥ 0. See

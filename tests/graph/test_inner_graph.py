@@ -497,6 +497,22 @@ def test_x0_must_not_have_more_dimensions_than_x(x, a):
         pmo.minimize(((x - a) ** 2).sum(), x, x0=np.zeros((2, 2)))
 
 
+@pytest.mark.parametrize("solve", ["minimize", "root", "fixed_point", "constrained"])
+def test_x0_computed_from_x_is_refused_naming_x0(x, a, solve):
+    """pt.zeros_like(x) reads x, which has no value before the solve (it failed at compile time
+    with PyTensor's MissingInputError)."""
+    x0 = pt.zeros_like(x)
+    with pytest.raises(ValueError, match=r"`x0` for `x` is computed from `x` itself"):
+        if solve == "minimize":
+            pmo.minimize(((x - a) ** 2).sum(), x, x0=x0)
+        elif solve == "root":
+            pmo.root(x - a, x, x0=x0)
+        elif solve == "fixed_point":
+            pmo.fixed_point(0.5 * x + a, x, x0=x0)
+        else:
+            pmo.minimize(((x - a) ** 2).sum(), x, x0=x0, bounds=(0.0, None))
+
+
 def test_a_scalar_x0_needs_a_static_shape(a):
     x = pt.vector("x")
     with pytest.raises(ValueError, match=r"when `x`'s shape is not known statically"):

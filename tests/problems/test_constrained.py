@@ -391,6 +391,25 @@ def test_constraint_that_is_the_control_itself(method):
     assert_allclose(slope, [1.0, 0.0, 1.0], atol=1e-6)
 
 
+def test_scipy_bound_pairs_are_read_per_element_and_two_pairs_are_refused():
+    """scipy's [(min, max), ...] gives the same solution as scipy; two pairs of numbers would
+    also read as (lower, upper) (x* = [0, 5] with success, before): refused as ambiguous."""
+    x, a = pt.vector("x"), pt.vector("a")
+    pairs = [(0.0, 5.0), (None, 1.0), (2.5, None)]
+    x_star, success = pmo.minimize(((x - a) ** 2).sum(), x, x0=np.ones(3), bounds=pairs)
+    values = np.array([1.0, 2.0, 3.0])
+    expected = optimize.minimize(lambda v: ((v - values) ** 2).sum(), np.ones(3), bounds=pairs).x
+    found, ok = pytensor.function([a], [x_star, success])(values)
+    assert ok
+    assert_allclose(found, expected, atol=1e-6)
+    assert_allclose(found, [1.0, 1.0, 3.0], atol=1e-6)
+    with pytest.raises(ValueError, match=r"`bounds` \[\(0.0, 5.0\), \(0.0, 5.0\)\] is ambiguous"):
+        pmo.minimize(((x - a) ** 2).sum(), x, x0=np.ones(2), bounds=[(0.0, 5.0), (0.0, 5.0)])
+    with pytest.raises(ValueError, match="one pair per element of a vector `x`; got 3 pairs"):
+        x4 = pt.vector("x4", shape=(4,))
+        pmo.minimize(((x4 - 1.0) ** 2).sum(), x4, x0=np.ones(4), bounds=pairs)
+
+
 def test_matrix_control_with_array_bounds():
     X = pt.matrix("X", shape=(2, 3))
     A = pt.matrix("A", shape=(2, 3))

@@ -309,6 +309,8 @@ def _as_bounds(bounds, x):
 
     if isinstance(bounds, Bounds):
         bounds = (bounds.lb, bounds.ub)
+    if isinstance(bounds, list | tuple) and bounds and all(_is_number_pair(b) for b in bounds):
+        bounds = _from_scipy_pairs(bounds, x)
     if not isinstance(bounds, Sequence) or len(bounds) != 2:
         raise ValueError(
             "`bounds` must be `(lower, upper)` (each None, a number, an array or an expression "
@@ -331,6 +333,35 @@ def _as_bounds(bounds, x):
             )
         out.append(b)
     return tuple(out)
+
+
+def _is_number_pair(item) -> bool:
+    return (
+        isinstance(item, list | tuple)
+        and len(item) == 2
+        and all(v is None or isinstance(v, int | float | np.integer | np.floating) for v in item)
+    )
+
+
+def _from_scipy_pairs(pairs, x):
+    """scipy's one (min, max) pair per element of `x` as (lower, upper) arrays. Two pairs of
+    numbers also read as (lower, upper) of a two-element `x`, with another meaning: refused."""
+    if len(pairs) == 2:
+        raise ValueError(
+            f"`bounds` {pairs!r} is ambiguous: scipy's one (min, max) pair per element, or "
+            "(lower, upper)? Pass scipy.optimize.Bounds(lb, ub), or `(lower, upper)` with "
+            "arrays, e.g. `bounds=(np.array([0.0, 0.0]), np.array([5.0, 5.0]))`."
+        )
+    size = None if any(d is None for d in x.type.shape) else int(np.prod(x.type.shape))
+    if x.ndim != 1 or size not in (None, len(pairs)):
+        raise ValueError(
+            f"`bounds` as (min, max) pairs needs one pair per element of a vector `x`; got "
+            f"{len(pairs)} pairs for an `x` of shape {x.type.shape}. Pass `(lower, upper)` "
+            "arrays shaped like `x` instead."
+        )
+    lower = [-np.inf if lo is None else lo for lo, _ in pairs]
+    upper = [np.inf if hi is None else hi for _, hi in pairs]
+    return np.asarray(lower, dtype=float), np.asarray(upper, dtype=float)
 
 
 def _choose_method(method, *, has_bounds: bool, kinds: list[str]) -> str:
