@@ -548,6 +548,13 @@ def recover_latent(
     _check_mode(mode)
     if isinstance(cores, bool) or not isinstance(cores, int | np.integer) or cores < 1:
         raise ValueError(f"`cores` must be a positive integer; got {cores!r}.")
+    if not hasattr(idata, "posterior") or not hasattr(idata.posterior, "sizes"):
+        raise TypeError(
+            "`idata` of `recover_latent` must be an arviz.InferenceData with a `posterior` group "
+            f"(what `pm.sample` returns); got {type(idata).__name__}. For a MultiTrace, sample "
+            "with `return_inferencedata=True`; for a posterior Dataset `ds`, pass "
+            "`az.InferenceData(posterior=ds)`."
+        )
     node = _laplace_node(marginal_model)
     rng = np.random.default_rng(random_seed)
     posterior = idata.posterior
@@ -1098,7 +1105,11 @@ def _check_static_size(model: pm.Model, rv) -> None:
     if None not in rv.type.shape:
         return
     containers = set(model.data_vars)
-    data = [v.name for v in ancestors(rv.owner.inputs[1:]) if v in containers]
+    # the size input, and containers of one or more dimensions among the parameters (a 0-d one,
+    # such as a hyperparameter fixed by pm.do, cannot change the shape)
+    size, params = rv.owner.inputs[1], rv.owner.inputs[2:]
+    data = [v.name for v in ancestors([size]) if v in containers]
+    data += [v.name for v in ancestors(params) if v in containers and v.type.ndim > 0]
     if data:
         size = np.shape(model.initial_point()[model.rvs_to_values[rv].name])
         raise NotImplementedError(

@@ -338,6 +338,29 @@ def test_model_none_raises():
         recover(None, posterior_at([0.0], [1.0]))
 
 
+def test_idata_that_is_not_inference_data_raises_naming_idata():
+    marginal = pmo.marginalize_laplace(intercepts_model(), "x")
+    posterior = posterior_at([0.0], [1.0]).posterior
+    with pytest.raises(
+        TypeError, match="`idata` of `recover_latent` must be an arviz.Infer.*Dataset"
+    ):
+        pmo.recover_latent(marginal, posterior, progressbar=False)
+
+
+def test_hyperparameter_fixed_by_do_leaves_the_latent_shape_alone():
+    """pm.do turns sigma into a 0-d data container, a parameter of the latent's prior: not its
+    size (it was refused as 'a shape that depends on the data ['sigma']')."""
+    with pm.Model(coords={"group": range(4)}) as model:
+        sigma = pm.HalfNormal("sigma", F64(1.0))
+        u = pm.Normal("u", F64(0.0), sigma, dims="group")
+        pm.Normal("y", u, F64(1.0), observed=np.array([0.5, -1.0, 2.0, 0.0]))
+    fixed = pmo.marginalize_laplace(pm.do(model, {"sigma": 0.7}), "u")
+    # y_g ~ N(0, 0.7² + 1) independently: exact
+    logp = fixed.compile_logp()({})
+    expected = scipy.stats.norm.logpdf([0.5, -1.0, 2.0, 0.0], 0, np.sqrt(1.49)).sum()
+    assert_allclose(logp, expected, rtol=0, atol=1e-10)
+
+
 def test_latent_sized_by_data_raises():
     with pm.Model() as model:
         design = pm.Data("design", np.ones(5))
