@@ -277,8 +277,9 @@ def plot_inla_marginals(idata, var_names=None, *, ax=None, **plot_kwargs):
     ----------
     idata : arviz.InferenceData
         Returned by :func:`fit_inla`.
-    var_names : list of str, optional
-        Hyperparameter labels (``idata.inla.hyperparameter``) to plot; all by default.
+    var_names : str or list of str, optional
+        Hyperparameters to plot: names (a vector's name selects each of its values) or labels
+        of ``idata.inla.hyperparameter`` (``"beta[0]"``); all by default.
     ax : matplotlib Axes or array of them, optional
         One per plotted label.
     **plot_kwargs
@@ -315,8 +316,12 @@ def plot_inla_marginals(idata, var_names=None, *, ax=None, **plot_kwargs):
     inla = getattr(idata, "inla", None)
     if inla is None:
         raise TypeError("`idata` must be returned by `pmo.fit_inla` (it has no `inla` group).")
-    labels = list(inla["hyperparameter"].values)
-    selected = labels if var_names is None else list(var_names)
+    labels = [str(label) for label in inla["hyperparameter"].values]
+    if isinstance(var_names, str):
+        var_names = [var_names]
+    selected = labels if var_names is None else []
+    for name in var_names or []:  # a vector hyperparameter's name selects each of its values
+        selected += [label for label in labels if label.startswith(f"{name}[")] or [name]
     unknown = [name for name in selected if name not in labels]
     if unknown:
         raise ValueError(f"`var_names` {unknown} are not among the hyperparameters {labels}.")
@@ -651,7 +656,7 @@ def _integrate_grid(target, mode, lp_mode, scale, draws, rng):
     return _Result(
         points=points,
         log_density=log_density,
-        log_weights=np.log(_normalize(log_density)),
+        log_weights=_log_normalize(log_density),
         support=mode + fine_z @ scale.T,
         support_weights=fine_weights,
         draws=mode + draws_z @ scale.T,
@@ -681,7 +686,7 @@ def _integrate_ccd(target, mode, lp_mode, scale, draws, rng):
     support_z = _split_normal(sigma, max(_CCD_SUPPORT, draws), rng)
     support = mode + support_z @ scale.T
     points = mode + z @ scale.T
-    log_weights = np.log(_normalize(log_delta + log_density))
+    log_weights = _log_normalize(log_delta + log_density)
     # means and sds by the design's own rule (exact to second order); quantiles from the fit
     moments = _moments(target.constrained(points), np.exp(log_weights))
     return _Result(
@@ -718,7 +723,7 @@ def _integrate_importance(target, mode, lp_mode, scale, draws, rng):
     return _Result(
         points=points,
         log_density=log_density,
-        log_weights=np.log(weights),
+        log_weights=_log_normalize(smoothed),
         support=points,
         support_weights=weights,
         draws=points[picks],
@@ -950,9 +955,14 @@ def _weighted_density(values, weights):
     return x, kde(x)
 
 
-def _normalize(log_values) -> np.ndarray:
+def _log_normalize(log_values) -> np.ndarray:
+    """log of the weights ∝ exp(`log_values`), summing to one (−inf where a weight is 0)."""
     log_values = np.asarray(log_values, dtype=float)
-    return np.exp(log_values - logsumexp(log_values))
+    return log_values - logsumexp(log_values)
+
+
+def _normalize(log_values) -> np.ndarray:
+    return np.exp(_log_normalize(log_values))
 
 
 def _split(flat, shapes, dtypes):

@@ -12,6 +12,7 @@ means, sds and quantiles. Errors are measured in units of the exact posterior sd
 from __future__ import annotations
 
 import itertools
+import warnings
 from functools import cache
 from pathlib import Path
 
@@ -323,11 +324,40 @@ def test_plot_inla_marginals():
 
     matplotlib.use("Agg")
     idata = fitted("grid")
-    axes = pmo.plot_inla_marginals(idata, var_names=["sigma"])
+    axes = pmo.plot_inla_marginals(idata, var_names="sigma")  # a name, as ArviZ takes it
     (line,) = axes[0].get_lines()
     assert_allclose(line.get_xdata(), idata.inla["density_x"].sel(hyperparameter="sigma"))
     with pytest.raises(ValueError, match=r"`var_names` \['tau'\] are not among"):
         pmo.plot_inla_marginals(idata, var_names=["tau"])
+
+
+def test_importance_weights_and_a_vector_hyperparameter():
+    """Importance weights that underflow to 0 have log weight −inf, not a numpy warning (it
+    warned 'divide by zero encountered in log'); a vector hyperparameter's name plots each of
+    its values."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    rng = np.random.default_rng(2)
+    group = np.repeat(np.arange(6), 3)
+    design = rng.normal(size=(group.size, 2))
+    with pm.Model() as model:
+        sigma = pm.HalfNormal("sigma", 1.0)
+        beta = pm.Normal("beta", 0.0, 1.0, shape=2)
+        u = pm.Normal("u", 0.0, sigma, shape=6)
+        pm.Normal("y", design @ beta + u[group], 0.5, observed=rng.normal(size=group.size))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        idata = pmo.fit_inla(
+            model, "u", integration="importance", draws=200, random_seed=1, progressbar=False
+        )
+    assert_allclose(np.exp(idata.inla["log_weights"].values).sum(), 1.0)
+    with warnings.catch_warnings():  # a weight exp(−10⁴) underflows; its log does not
+        warnings.simplefilter("error", RuntimeWarning)
+        assert_allclose(inla_module._log_normalize([0.0, -1e4, -np.inf]), [0.0, -1e4, -np.inf])
+    axes = pmo.plot_inla_marginals(idata, var_names=["beta"])
+    assert [axis.get_title() for axis in axes] == ["beta[0]", "beta[1]"]
 
 
 def test_the_marginal_is_evaluated_point_by_point_as_documented():
