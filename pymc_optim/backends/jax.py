@@ -117,26 +117,40 @@ def _positive_definite(positive_definite_fn, A, owner, n_problems):
 @jax_funcify.register(NewtonOp)
 def _newton_jax(op: NewtonOp, node=None, **kwargs):
     announce_compilation("JAX", "a graph-native NewtonOp solve")
-    xs, params = op.typed_inner_inputs(node)
-    condition = op.condition.on(xs, params)
-    (merit,) = op.inner_on(xs, params, [op.merit])
-    jacobian = condition.jacobian()
-    system_fn = _jax_function([*xs, *params], [merit, condition.flat_residual(), jacobian])
-    merit_fn = _jax_function([*xs, *params], [merit])
-    A_in = jacobian.type()
-    positive_definite_fn = _jax_function([A_in], [condition.structure.positive_definite(A_in)])
     n_controls, n_params = op.n_controls, op.n_params
     structure, tol, max_iter, minimization = (
-        condition.structure,
+        op.condition.structure,
         op.tol,
         op.max_iter,
         op.minimization,
     )
     batch_ndim = op.batch_ndim
+    built = {}
+
+    def inner_functions(shapes):
+        """The system, merit and positive-definiteness functions for inputs of `shapes`. JAX
+        traces with concrete shapes: written into the inner graph's types, sizes that follow
+        them (a Split of list controls without static shapes) become constants, which JAX's
+        split needs."""
+        if shapes not in built:
+            xs, params = op.typed_inner_inputs(node, shapes)
+            condition = op.condition.on(xs, params)
+            (merit,) = op.inner_on(xs, params, [op.merit])
+            jacobian = condition.jacobian()
+            A_in = jacobian.type()
+            built[shapes] = (
+                _jax_function([*xs, *params], [merit, condition.flat_residual(), jacobian]),
+                _jax_function([*xs, *params], [merit]),
+                _jax_function([A_in], [condition.structure.positive_definite(A_in)]),
+            )
+        return built[shapes]
 
     def newton(*inputs):
         """`_iterations.newton` as a ``while_loop``: the same per-problem decisions."""
         x0s, params = inputs[:n_controls], inputs[n_controls : n_controls + n_params]
+        system_fn, merit_fn, positive_definite_fn = inner_functions(
+            tuple(tuple(jnp.shape(v)) for v in inputs[: n_controls + n_params])
+        )
         flat = Packer(x0s)
         batch_shape = tuple(jnp.shape(x0s[0])[:batch_ndim])
         rows = problem_rows(flat.sizes, batch_shape)

@@ -14,6 +14,7 @@ from pytensor.graph.basic import Apply, Variable
 from pytensor.graph.fg import FunctionGraph
 from pytensor.graph.op import HasInnerGraph, Op
 from pytensor.graph.replace import graph_replace
+from pytensor.tensor.type import TensorType
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_optim.graph import trace as _trace
@@ -154,14 +155,22 @@ class SolverOp(Op, HasInnerGraph):
     def infer_shape(self, fgraph, node, input_shapes):
         return [*input_shapes[: self.n_controls], (), (), ()]
 
-    def typed_inner_inputs(self, node: Apply) -> tuple[list[Variable], list[Variable]]:
+    def typed_inner_inputs(self, node: Apply, shapes=None) -> tuple[list[Variable], list[Variable]]:
         """Stand-ins for the inner controls and parameters with the static types of `node`'s inputs.
 
         Shapes known outside (e.g. the size of x, which a dense Jacobian's identity matrix needs)
         then become constants of the inner graphs, as the JAX and numba backends require.
+        `shapes` (one per input, e.g. those JAX traces with) fills in what the types leave
+        unknown.
         """
         n_inner = self.n_controls + self.n_params
-        typed = [outer.type() for outer in node.inputs[:n_inner]]
+        types = [outer.type for outer in node.inputs[:n_inner]]
+        if shapes is not None:
+            types = [
+                t.clone(shape=shape) if isinstance(t, TensorType) else t
+                for t, shape in zip(types, shapes, strict=True)
+            ]
+        typed = [t() for t in types]
         return typed[: self.n_controls], typed[self.n_controls :]
 
     def inner_on(self, xs, params, outputs) -> list[Variable]:

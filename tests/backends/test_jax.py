@@ -196,3 +196,35 @@ def test_failures_are_counted_and_warned_under_jax_without_a_callback_on_success
     assert [str(w.message) for w in caught] == ["the test solve failed; using its last iterate."]
     assert_allclose(grad, [-2.0, -2.0])
     assert "debug_callback" not in str(jax.make_jaxpr(lambda v: jax_funcify(fgraph)(v))(np.ones(2)))
+
+
+@pytest.mark.parametrize("solve", ["root", "minimize", "fixed_point"])
+def test_newton_on_list_controls_without_static_shapes_runs_under_jax(solve):
+    """u = pt.vector("u") and x0 = pt.zeros_like(a): the inner graph's split of the stacked
+    controls had traced sizes, which jnp.split refused (an AttributeError at the first call);
+    the inner functions are built with the shapes JAX traces with."""
+    a, b = pt.vector("a"), pt.scalar("b")
+    u, v = pt.vector("u"), pt.scalar("v")
+    x0 = [pt.zeros_like(a), 1.0]
+    if solve == "root":
+        (u_star, v_star), ok = pmo.root(
+            [u - a * v, v - b + 0.1 * u.sum()], [u, v], x0=x0, method="newton"
+        )
+    elif solve == "minimize":
+        (u_star, v_star), ok = pmo.minimize(
+            ((u - a * v) ** 2).sum() + (v - b) ** 2, [u, v], x0=x0, method="newton"
+        )
+    else:
+        (u_star, v_star), ok = pmo.fixed_point(
+            [a * v, b - 0.1 * u.sum()], [u, v], x0=x0, method="newton"
+        )
+    a_value, b_value = np.array([1.0, 2.0, 3.0]), 2.0
+    results = {
+        mode: pytensor.function([a, b], [u_star, v_star, ok], mode=mode)(a_value, b_value)
+        for mode in ["FAST_RUN", "JAX"]
+    }
+    v_exact = b_value if solve == "minimize" else b_value / (1 + 0.1 * a_value.sum())
+    for mode, (u_found, v_found, success) in results.items():
+        assert bool(success), mode
+        assert_allclose(v_found, v_exact, rtol=1e-10, err_msg=mode)
+        assert_allclose(u_found, a_value * v_exact, rtol=1e-10, err_msg=mode)
