@@ -303,9 +303,11 @@ def _warn_if_frequent(summary, has_count: bool, threshold: float) -> None:
     if has_count:
         message = (
             f"Inner solves failed in more than {threshold:.0%} of the draws ({where}; "
-            f"{int(summary['failed_solves'].sum())} failed evaluations in all). Rejected "
-            "failures truncate the posterior where the solver fails: check the solver's options "
-            "(max_iter, x0, method) or the priors before trusting these draws."
+            f"{int(summary['failed_solves'].sum())} failed evaluations in all). Failures "
+            "rejected (on_failure='reject', the default) truncate the posterior where the "
+            "solver fails; with on_failure='warn' those draws used an unconverged solution. "
+            "Check the solver's options (max_iter, x0, method) or the priors before trusting "
+            "these draws."
         )
     else:
         message = (
