@@ -28,7 +28,7 @@ class FixedPointOp(SolverOp):
     ):
         super().__init__(problem, condition=condition)
         self.method = method
-        self.tol = tol
+        self.tol = _iterations.reachable_tolerance(tol, [x.type.dtype for x in problem.inner_xs])
         self.max_iter = max_iter
 
     @property

@@ -28,6 +28,7 @@ __all__ = [
     "anderson",
     "fixed_point_iteration",
     "newton",
+    "reachable_tolerance",
 ]
 
 #: Anderson acceleration's history length (the common default of 5, Walker & Ni 2011).
@@ -470,3 +471,15 @@ def anderson(update, z0, *, tol: float, max_iter: int, memory: int = ANDERSON_ME
             dg_hist.pop(0)
         z, g = z_new, g_new
     return z, False, max_iter, max_iter
+
+
+def reachable_tolerance(tol: float, dtypes) -> float:
+    """`tol` for a residual computed in `dtypes`: in float64 as given; in a less precise float
+    at least the same multiple of √eps as 1e-8 is in float64 (2.3e-4 in float32), below which
+    the residual of a solution is rounding noise (float32 controls never reached 1e-8 and every
+    solve failed)."""
+    eps = max((np.finfo(d).eps for d in dtypes if np.issubdtype(d, np.floating)), default=0.0)
+    eps64 = np.finfo(np.float64).eps
+    if eps <= eps64:
+        return tol
+    return max(tol, 1e-8 * math.sqrt(eps / eps64))

@@ -96,7 +96,7 @@ class NewtonOp(SolverOp):
         self.merit = merit
         self._value = value
         self.minimization = minimization
-        self.tol = tol
+        self.tol = _iterations.reachable_tolerance(tol, [x.type.dtype for x in problem.inner_xs])
         self.max_iter = max_iter
         self.batch_ndim = batch_ndim
 

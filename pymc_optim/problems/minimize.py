@@ -132,7 +132,8 @@ def minimize(
         The block size for ``structure="block_diagonal"``.
     optimizer_kwargs : dict, optional
         Further keyword arguments of :func:`scipy.optimize.minimize` (``tol``, ``options``);
-        for ``"newton"``, ``tol`` (on max|∇f|, default 1e-8) and ``max_iter`` (default 100).
+        for ``"newton"``, ``tol`` (on max|∇f|, default 1e-8; at least 2.3e-4 for float32
+        controls, whose rounding noise lies above 1e-8) and ``max_iter`` (default 100).
 
     Returns
     -------

@@ -72,7 +72,8 @@ def root(
         The block size for ``structure="block_diagonal"``.
     optimizer_kwargs : dict, optional
         Further keyword arguments of :func:`scipy.optimize.root` (``tol``, ``options``); for
-        ``"newton"``, ``tol`` (on max|F|, default 1e-8) and ``max_iter`` (default 100).
+        ``"newton"``, ``tol`` (on max|F|, default 1e-8; at least 2.3e-4 for float32 controls)
+        and ``max_iter`` (default 100).
 
     Returns
     -------

@@ -439,3 +439,27 @@ def test_a_trial_step_that_breaks_a_parameter_check_is_a_rejected_step(mode):
         # the stationarity condition of each element by hand: (y + α) eᵘ/(α + eᵘ) − y + u/σ² = 0
         score = (counts + a) * np.exp(got) / (a + np.exp(got)) - counts + got / 1e6
         assert_allclose(score, 0.0, atol=1e-8)
+
+
+def test_float32_controls_converge_at_a_tolerance_float32_can_reach():
+    """In float32 the residual of a solution is rounding noise well above 1e-8: the default
+    tolerance becomes the same multiple of √eps (2.3e-4), and the solves succeed (they ran
+    max_iter steps and failed)."""
+    a = pt.vector("a", dtype="float32")
+    x = pt.vector("x", dtype="float32")
+    a_value = np.array([1.0, 2.0], dtype="float32")
+    x_star, ok = pmo.minimize(
+        ((x - a) ** 2).sum() + (x**4).sum(), x, x0=np.zeros(2, "float32"), method="newton"
+    )
+    assert x_star.owner.op.tol == pytest.approx(1e-8 * np.sqrt(2.0**29))
+    root, root_ok = pmo.root(x**3 - a, x, x0=np.ones(2, "float32"), method="newton")
+    fixed, fixed_ok = pmo.fixed_point(0.5 * x + a, x, x0=np.zeros(2, "float32"), method="newton")
+    values = pytensor.function([a], [x_star, ok, root, root_ok, fixed, fixed_ok])(a_value)
+    assert all(bool(values[i]) for i in (1, 3, 5))
+    assert_allclose(2 * (values[0] - a_value) + 4 * values[0] ** 3, 0.0, atol=1e-5)
+    assert_allclose(values[2], np.cbrt(a_value), rtol=1e-6)
+    assert_allclose(values[4], 2 * a_value, rtol=1e-6)
+    # float64 keeps the tolerance it is given
+    x64 = pt.vector("x64")
+    x64_star, _ = pmo.minimize(((x64 - 1.0) ** 2).sum(), x64, x0=np.zeros(2), method="newton")
+    assert x64_star.owner.op.tol == 1e-8
