@@ -194,6 +194,7 @@ class GMRF:
     """
 
     def __new__(cls, name: str, precision, *, mu=0.0, tau=1.0, **kwargs) -> TensorVariable:
+        _one_field("GMRF", np.shape(precision)[0], kwargs)
         return pm.CustomDist(
             name, pm.floatX(mu), pm.floatX(tau), **_gmrf_custom_dist_kwargs(precision), **kwargs
         )
@@ -201,6 +202,7 @@ class GMRF:
     @classmethod
     def dist(cls, precision, *, mu=0.0, tau=1.0, **kwargs) -> TensorVariable:
         """The unnamed distribution; same arguments as ``GMRF``."""
+        _one_field("GMRF", np.shape(precision)[0], kwargs)
         return pm.CustomDist.dist(
             pm.floatX(mu), pm.floatX(tau), **_gmrf_custom_dist_kwargs(precision), **kwargs
         )
@@ -270,6 +272,7 @@ class RW:
         cls, name: str, n: int, *, order: int = 1, sigma=1.0, constraint="anchored", **kwargs
     ) -> TensorVariable:
         n, order = _check_rw(n, order, constraint)
+        _one_field("RW", n, kwargs)
         if constraint == "anchored":
             kwargs.setdefault("transform", _CornerTransform(n, np.arange(order, n)))
         else:
@@ -286,6 +289,7 @@ class RW:
     ) -> TensorVariable:
         """The unnamed distribution (for ``pm.logp``, ``pm.draw``); same arguments as ``RW``."""
         n, order = _check_rw(n, order, constraint)
+        _one_field("RW", n, kwargs)
         return pm.CustomDist.dist(
             pm.floatX(sigma), **_rw_custom_dist_kwargs(n, order, constraint), **kwargs
         )
@@ -497,6 +501,25 @@ class _Graph:
         )
 
 
+def _one_field(class_name: str, n: int, kwargs: dict) -> dict:
+    """Refuse `size`, `shape` or `dims` asking for several fields at once: the draws and the
+    log density are those of one vector of `n` values (a batch was silently ignored)."""
+    size, shape, dims = kwargs.get("size"), kwargs.get("shape"), kwargs.get("dims")
+    batched = (
+        (size is not None and tuple(np.atleast_1d(size)) not in ((), (n,)))
+        or (shape is not None and tuple(np.atleast_1d(shape)) != (n,))
+        or (dims is not None and not isinstance(dims, str) and len(dims) > 1)
+    )
+    if batched:
+        asked = {k: kwargs[k] for k in ("size", "shape", "dims") if kwargs.get(k) is not None}
+        raise ValueError(
+            f"`{class_name}` is one field of {n} values; got {asked}, which asks for several. "
+            f"Drop `size`/`shape` (or pass `shape={n}`, one dim), and write one variable per "
+            "field."
+        )
+    return kwargs
+
+
 def _icar_arguments(
     edges=None,
     *,
@@ -512,7 +535,7 @@ def _icar_arguments(
     """``ICAR``'s arguments (one signature for the named and the unnamed form): the checked
     graph, σ, and the keyword arguments left for ``pm.CustomDist``."""
     graph = _icar_graph(edges, adjacency, weights, n, constraint, epsilon, islands)
-    return graph, pm.floatX(sigma), kwargs
+    return graph, pm.floatX(sigma), _one_field("ICAR", graph.n, kwargs)
 
 
 def _icar_graph(edges, adjacency, weights, n, constraint, epsilon, islands) -> _Graph:
@@ -708,11 +731,12 @@ def _icar_custom_dist_kwargs(graph: _Graph) -> dict:
         x = pt.zeros((n,))[graph.free].set(grounded)
         if not corner:
             x = x - _component_means(x, graph.component, graph.sizes)
+        x = pt.as_tensor_variable(sigma) * x
         if soft:
-            # The null directions: each component's mean ~ N(0, ε²) (precision 1/(ε² n_k) on
-            # the unit vector a_k/√n_k).
+            # The null directions, whatever σ: each component's mean ~ N(0, ε²) (precision
+            # 1/(ε² n_k) on the unit vector a_k/√n_k, as `logp` has it)
             x = x + pm.Normal.dist(0.0, eps, shape=(c,))[graph.component]
-        return pt.as_tensor_variable(sigma) * x
+        return x
 
     return _vector_custom_dist("ICAR", dist, logp, lambda rv, size, sigma: pt.zeros((n,)))
 

@@ -119,13 +119,35 @@ def test_icar_draws_are_exact_constrained_and_have_covariance_sigma2_pinv_L():
     assert np.all(np.abs(estimate - expected) < 5 * se)
 
 
-def test_icar_soft_draws_have_component_mean_scale_epsilon():
+@pytest.mark.parametrize("sigma", [1.0, 2.5])
+def test_icar_soft_draws_have_component_mean_scale_epsilon(sigma):
+    """Whatever σ, as the log density has it (the draws' means had sd σε)."""
     eps, draws = 0.2, 4000
-    rv = ICAR.dist(edges=EDGES, constraint="soft", epsilon=eps, islands="per_component")
+    rv = ICAR.dist(
+        edges=EDGES, sigma=sigma, constraint="soft", epsilon=eps, islands="per_component"
+    )
     x = pm.draw(rv, draws=draws, random_seed=3)
     means = x @ components_matrix(N, SIZES).T / np.array(SIZES)
     # The sample standard deviation of 4000 normal draws has relative error 1/√8000 ≈ 1.1 %.
     np.testing.assert_allclose(means.std(axis=0), eps, rtol=5 / np.sqrt(2 * draws))
+
+
+def test_batched_fields_are_refused_not_ignored():
+    """size/shape/dims asking for several fields were silently ignored (one field drawn)."""
+    from pymc_optim.distributions.gmrf import RW
+
+    for make, n in [
+        (lambda **kw: ICAR.dist(edges=EDGES, islands="per_component", **kw), N),
+        (lambda **kw: GMRF.dist(sp.eye(3, format="csr"), **kw), 3),
+        (lambda **kw: RW.dist(n=3, **kw), 3),
+    ]:
+        for batch in ({"size": 2}, {"shape": (2, n)}):
+            with pytest.raises(ValueError, match=f"is one field of {n} values; got"):
+                make(**batch)
+        assert pm.draw(make(shape=(n,)), random_seed=0).shape == (n,)
+    with pm.Model(coords={"a": range(2), "b": range(3)}):
+        with pytest.raises(ValueError, match="asks for several"):
+            RW("x", n=3, dims=("a", "b"))
 
 
 def test_icar_model_gradient_matches_finite_differences():
