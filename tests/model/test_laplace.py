@@ -584,18 +584,24 @@ def crossed_marginal() -> pm.Model:
     return pmo.marginalize_laplace(model, ["a", "b"])
 
 
+def _two_effects_log_marginal(y, z_1, z_2, s_1, s_2, noise_variance):
+    """log p(y, log s_1, log s_2) of y ~ N(0, s_1² Z_1 Z_1ᵀ + s_2² Z_2 Z_2ᵀ + noise I) with
+    s_k ~ HalfNormal(1), in the log-transformed space."""
+    cov = s_1**2 * z_1 @ z_1.T + s_2**2 * z_2 @ z_2.T + noise_variance * np.eye(y.size)
+    return (
+        scipy.stats.multivariate_normal.logpdf(y, np.zeros(y.size), cov)
+        + scipy.stats.halfnorm.logpdf([s_1, s_2]).sum()
+        + np.log(s_1 * s_2)
+    )
+
+
 def test_several_latents_are_marginalized_jointly():
     """a and b share observations, so H is dense across them; the joint marginal is exact:
     y ~ N(0, tau_a² Z_a Z_aᵀ + tau_b² Z_b Z_bᵀ + 0.25 I)."""
     compiled = Compiled(crossed_marginal(), ["tau_a_log__", "tau_b_log__"])
     z_a, z_b = np.eye(3)[CROSSED_A], np.eye(4)[CROSSED_B]
     for tau_a, tau_b in [(0.7, 1.3), (2.0, 0.2)]:
-        cov = tau_a**2 * z_a @ z_a.T + tau_b**2 * z_b @ z_b.T + 0.25 * np.eye(CROSSED_A.size)
-        expected = (
-            scipy.stats.multivariate_normal.logpdf(Y_CROSSED, np.zeros(CROSSED_A.size), cov)
-            + scipy.stats.halfnorm.logpdf([tau_a, tau_b]).sum()
-            + np.log(tau_a * tau_b)
-        )
+        expected = _two_effects_log_marginal(Y_CROSSED, z_a, z_b, tau_a, tau_b, 0.25)
         flat = [np.log(tau_a), np.log(tau_b)]
         assert_allclose(compiled.logp(flat), expected, rtol=0, atol=1e-8)
         # eps = 1e-5, as for the intercepts model
@@ -635,12 +641,7 @@ def test_nested_latents_are_marginalized_exactly():
     compiled = Compiled(nested_marginal(), ["s_r_log__", "s_c_log__"])
     z_r, z_c = np.eye(2)[NESTED_REGION][NESTED_COUNTY], np.eye(6)[NESTED_COUNTY]
     for s_r, s_c in [(0.7, 0.4), (1.5, 0.1)]:
-        cov = s_r**2 * z_r @ z_r.T + s_c**2 * z_c @ z_c.T + 0.81 * np.eye(NESTED_COUNTY.size)
-        expected = (
-            scipy.stats.multivariate_normal.logpdf(Y_NESTED, np.zeros(NESTED_COUNTY.size), cov)
-            + scipy.stats.halfnorm.logpdf([s_r, s_c]).sum()
-            + np.log(s_r * s_c)
-        )
+        expected = _two_effects_log_marginal(Y_NESTED, z_r, z_c, s_r, s_c, 0.81)
         assert_allclose(compiled.logp([np.log(s_r), np.log(s_c)]), expected, rtol=0, atol=1e-8)
     idata = az.from_dict(posterior={"s_r": np.full((1, 4), 0.7), "s_c": np.full((1, 4), 0.4)})
     pmo.recover_latent(nested_marginal(), idata, random_seed=1, progressbar=False)
