@@ -783,6 +783,8 @@ def resolve_structure(
     shapes = _x0_shapes(x0, xs)
     if structure == SPARSE:
         sizes = _control_sizes(xs, shapes)
+        if sizes is not None and shapes is not None:
+            residual, objective, xs = _with_shapes(residual, objective, xs, shapes)
         if objective is None:  # a root's or fixed point's Jacobian: no symmetry, a sparse LU
             return sparse_jacobian_structure(residual, xs, sizes, argument=argument)
         return sparse_hessian_structure(objective, xs, sizes, required=True, argument=argument)
@@ -791,8 +793,11 @@ def resolve_structure(
     else:
         proved = jacobian_structure(residual, xs, shapes)
     if structure == AUTO:
-        if proved.kind == "dense" and objective is not None:
-            found = sparse_hessian_structure(objective, xs, _control_sizes(xs, shapes))
+        sizes = _control_sizes(xs, shapes)
+        if proved.kind == "dense" and objective is not None and sizes is not None:
+            if shapes is not None:
+                _, objective, xs = _with_shapes(residual, objective, xs, shapes)
+            found = sparse_hessian_structure(objective, xs, sizes)
             if found is not None:
                 return found
         return proved
@@ -804,6 +809,23 @@ def resolve_structure(
         what=what,
     )
     return structure
+
+
+def _with_shapes(residual, objective, xs, shapes):
+    """`residual`, `objective` and `xs` on stand-ins of the controls with `shapes` (x0's) as
+    static shapes: the structural reading follows sizes through the graph, which a control
+    without a static shape (``pt.vector("x")``) leaves unknown."""
+    from pytensor.graph.replace import clone_replace
+
+    typed = [x.type.clone(shape=shape)(name=x.name) for x, shape in zip(xs, shapes, strict=True)]
+    replace = dict(zip(xs, typed, strict=True))
+    # rebuilt node by node (rebuild_strict=False), so that the shapes reach every output type
+    outputs = clone_replace(
+        [*residual, *([] if objective is None else [objective])], replace, rebuild_strict=False
+    )
+    if objective is None:
+        return outputs, None, typed
+    return outputs[:-1], outputs[-1], typed
 
 
 def _x0_shapes(x0, xs) -> list[tuple] | None:

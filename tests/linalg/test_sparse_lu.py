@@ -162,3 +162,31 @@ def test_sparse_jacobian_errors():
     unreadable = pt.cumsum(x) ** 3 - a  # CumOp is not followed
     with pytest.raises(ValueError, match=r"the Jacobian's sparsity pattern cannot be read"):
         pmo.root(unreadable, x, x0=np.zeros(3), method="newton", structure="sparse")
+
+
+@pytest.mark.parametrize("solve", ["root", "minimize", "fixed_point"])
+def test_sparse_structure_of_a_control_without_static_shape_takes_x0s_size(solve):
+    """pt.vector("x") with a numeric x0: the pattern is read on x of x0's shape (the reading
+    had stopped at the unknown sizes: 'cannot be read off the graph'), and the solution equals
+    that of a statically shaped x."""
+    b = pt.vector("b")
+    b_value = np.linspace(0.5, 2.0, 6)
+    found = []
+    for x in (pt.vector("x"), pt.vector("x", shape=(6,))):
+        if solve == "root":
+            x_star, ok = pmo.root(
+                x**3 + x - b, x, x0=np.zeros(6), method="newton", structure="sparse"
+            )
+        elif solve == "minimize":
+            objective = (x**4 / 4 + x**2 / 2 - b * x).sum() + (x[1:] * x[:-1]).sum() / 10
+            x_star, ok = pmo.minimize(
+                objective, x, x0=np.zeros(6), method="newton", structure="sparse"
+            )
+        else:
+            x_star, ok = pmo.fixed_point(
+                0.5 * pt.cos(x) + b, x, x0=np.zeros(6), method="newton", structure="sparse"
+            )
+        value, success = pytensor.function([b], [x_star, ok])(b_value)
+        assert success
+        found.append(value)
+    assert_allclose(found[0], found[1], rtol=1e-12)
