@@ -332,6 +332,7 @@ def _rw_custom_dist_kwargs(n: int, order: int, constraint: str = "anchored") -> 
         )
 
     def logp(value, sigma):
+        _check_length("RW", value, n)
         # the N − k differences Δᵏx_t, t ≥ k (the anchors x_0..x_{k−1} are the transform's zeros)
         differences = value[..., 1:] - value[..., :-1]
         if order == 2:
@@ -510,6 +511,9 @@ def _one_field(class_name: str, n: int, kwargs: dict) -> dict:
         or (shape is not None and tuple(np.atleast_1d(shape)) != (n,))
         or (dims is not None and not isinstance(dims, str) and len(dims) > 1)
     )
+    observed = kwargs.get("observed")
+    if observed is not None:
+        _check_length(class_name, observed, n)
     if batched:
         asked = {k: kwargs[k] for k in ("size", "shape", "dims") if kwargs.get(k) is not None}
         raise ValueError(
@@ -518,6 +522,17 @@ def _one_field(class_name: str, n: int, kwargs: dict) -> dict:
             "field."
         )
     return kwargs
+
+
+def _check_length(class_name: str, value, n: int) -> None:
+    """A value whose length is known and is not the field's: a ValueError (the density read
+    n of its entries, or normalised for n, and gave a number)."""
+    length = pt.as_tensor_variable(value).type.shape[-1:]
+    if length and length[0] is not None and length[0] != n:
+        raise ValueError(
+            f"`{class_name}`'s value must have {n} entries (one per node of the field); got "
+            f"{length[0]}. Check the observed data or the value passed to pm.logp."
+        )
 
 
 def _icar_arguments(
@@ -713,6 +728,7 @@ def _icar_custom_dist_kwargs(graph: _Graph) -> dict:
     log_det = graph.log_pdet - float(np.log(graph.sizes).sum()) if corner else graph.log_pdet
 
     def logp(value, sigma):
+        _check_length("ICAR", value, n)
         quadratic = _laplacian_quadratic(graph, value) / sigma**2
         # Normalised on the (N − c)-dim constrained subspace: ½ log det*(L/σ²) − (N − c)/2 log 2π.
         normaliser = 0.5 * log_det - (n - c) * pt.log(sigma) - 0.5 * (n - c) * _LOG_2PI
@@ -766,6 +782,7 @@ def _gmrf_custom_dist_kwargs(precision) -> dict:
     weights = np.where(off, 2.0, 1.0) * values  # xᵀQx = Σ_e (2 − δ) v_e x_r x_c
 
     def logp(value, mu, tau):
+        _check_length("GMRF", value, n)
         d = value - mu
         quadratic = (weights * d[..., pattern.rows] * d[..., pattern.cols]).sum(axis=-1)
         logp = -0.5 * tau * quadratic + 0.5 * n * pt.log(tau) + 0.5 * log_det - 0.5 * n * _LOG_2PI

@@ -150,6 +150,23 @@ def test_batched_fields_are_refused_not_ignored():
             RW("x", n=3, dims=("a", "b"))
 
 
+def test_values_of_the_wrong_length_are_refused():
+    """A density of 4 nodes read 4 of 6 values (or normalised for 4) and gave a number."""
+    from pymc_optim.distributions.gmrf import RW
+
+    six = np.linspace(-1.0, 1.0, 6)
+    for name, rv in [
+        ("ICAR", ICAR.dist(edges=[(0, 1), (1, 2), (2, 3)])),
+        ("RW", RW.dist(n=4)),
+        ("GMRF", GMRF.dist(sp.eye(4, format="csr"))),
+    ]:
+        with pytest.raises(ValueError, match=f"`{name}`'s value must have 4 entries.*got 6"):
+            pm.logp(rv, six)
+    with pm.Model():
+        with pytest.raises(ValueError, match="`RW`'s value must have 4 entries"):
+            RW("y", n=4, observed=six)
+
+
 def test_icar_model_gradient_matches_finite_differences():
     with pm.Model() as model:
         sigma = pm.HalfNormal("sigma")
