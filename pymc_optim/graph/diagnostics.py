@@ -5,8 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import pytensor.scalar as ps
+from pytensor.compile.ops import DeepCopyOp, ViewOp
 from pytensor.graph.basic import Apply
 from pytensor.graph.replace import vectorize_graph
+from pytensor.raise_op import CheckAndRaise
+from pytensor.tensor.elemwise import Elemwise
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_optim.graph.solver_op import SolverOp
@@ -128,13 +132,40 @@ def solver_node(x_star) -> tuple[Apply, SolverOp]:
         If `x_star` was not produced by a pymc_optim solver.
     """
     var = x_star[0] if isinstance(x_star, list | tuple) else x_star
+    var = unwrap_solution(var)
     node = getattr(var, "owner", None)
-    op = getattr(node, "op", None)
-    if not isinstance(op, SolverOp):
-        op = getattr(op, "core_op", None)  # vectorized solves wrap the Op in a Blockwise
-    if not isinstance(op, SolverOp):
+    op = _solver_op(node)
+    if op is None:
         raise TypeError(
             "`x_star` must be a solution returned by a pymc_optim solver; "
             f"got `{var}`, computed by {getattr(node, 'op', None)}."
         )
     return node, op
+
+
+def _solver_op(node) -> SolverOp | None:
+    op = getattr(node, "op", None)
+    if not isinstance(op, SolverOp):
+        op = getattr(op, "core_op", None)  # vectorized solves wrap the Op in a Blockwise
+    return op if isinstance(op, SolverOp) else None
+
+
+def unwrap_solution(var):
+    """The solver's own output under what `Optimum`/`Equilibrium` put around it: the
+    Deterministic's view, and the failure policy's switch(success, x*, fill) ("reject"), its
+    assertion ("raise") or its warning Op ("warn", ``passes_value_through``)."""
+    while getattr(var, "owner", None) is not None:
+        op = var.owner.op
+        if isinstance(op, ViewOp | DeepCopyOp | CheckAndRaise) or getattr(
+            op, "passes_value_through", False
+        ):
+            var = var.owner.inputs[0]
+        elif (
+            isinstance(op, Elemwise)
+            and isinstance(op.scalar_op, ps.Switch)
+            and _solver_op(var.owner.inputs[1].owner) is not None
+        ):
+            var = var.owner.inputs[1]
+        else:
+            break
+    return var

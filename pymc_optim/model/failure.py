@@ -117,6 +117,9 @@ def guard_solution(
 class WarnOnFailure(Op):
     """Pass `value` through; warn (PymcOptimWarning) when `success` is false."""
 
+    #: read by `solution_info` and `lagrange_multipliers`, which look through it to the solve
+    passes_value_through = True
+
     __props__ = ("message",)
     view_map = {0: [0]}
 

@@ -209,3 +209,28 @@ def test_optimum_outside_a_model_raises():
     a, w = pt.scalar("a"), pt.scalar("w")
     with pytest.raises(TypeError, match="'w_star' must be called inside a model context"):
         pmo.Optimum("w_star", (w - a) ** 2, w, x0=0.0)
+
+
+@pytest.mark.parametrize("on_failure", ["reject", "warn", "raise"])
+def test_multipliers_and_diagnostics_of_an_optimum(on_failure):
+    """lagrange_multipliers and solution_info read through the Deterministic and the failure
+    policy around the solve (they raised 'computed by ViewOp'). Mean-variance weights summing
+    to one: w = (μ + λ) / (γ s²), λ = −0.01 at γ = 3."""
+    mu, s2 = np.array([0.05, 0.03]), np.array([0.04, 0.01])
+    with pm.Model():
+        gamma = pm.LogNormal("gamma", 1.0, 0.5)
+        w = pt.vector("w", shape=(2,))
+        objective = -(w @ mu) + 0.5 * gamma * (w**2 * s2).sum()
+        w_star = pmo.Optimum(
+            "w_star",
+            objective,
+            w,
+            x0=[0.5, 0.5],
+            on_failure=on_failure,
+            constraints={"type": "eq", "fun": w.sum() - 1.0},
+        )
+    (lam,) = pmo.lagrange_multipliers(w_star).equality
+    # Σ (μ_i + λ) / (γ s²_i) = 1  ⇒  λ = (1 − Σ μ_i/(γ s²_i)) / Σ 1/(γ s²_i)
+    expected = (1 - (mu / (3.0 * s2)).sum()) / (1 / (3.0 * s2)).sum()
+    assert_allclose(lam.eval({gamma: 3.0}), expected, atol=1e-8)
+    assert bool(pmo.solution_info(w_star).success.eval({gamma: 3.0}))

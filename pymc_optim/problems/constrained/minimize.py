@@ -60,6 +60,7 @@ from pytensor.graph.traversal import ancestors
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_optim.backends.scipy.constrained import ConstrainedMinimizeOp
+from pymc_optim.graph.diagnostics import unwrap_solution
 from pymc_optim.graph.inner_graph import (
     InnerProblem,
     as_control_variables,
@@ -226,7 +227,7 @@ def lagrange_multipliers(x_star: TensorVariable) -> LagrangeMultipliers:
     >>> float(pmo.lagrange_multipliers(x_star).equality[0].eval({a: 2.0}).round(8))
     2.0
     """
-    node = getattr(x_star, "owner", None)
+    node = getattr(unwrap_solution(x_star), "owner", None)
     op = getattr(node, "op", None)
     kkt = getattr(op, "kkt", None)
     if kkt is None:
