@@ -642,6 +642,13 @@ def _edges_from_adjacency(adjacency):
     n = matrix.shape[0]
     csr = sp.csr_array(matrix)
     csr.eliminate_zeros()
+    if (csr.data < 0).any() or not np.isfinite(csr.data).all():  # before symmetry: NaN ≠ NaN
+        coo = csr.tocoo()
+        k = int(np.flatnonzero(~(np.isfinite(coo.data) & (coo.data >= 0)))[0])
+        raise ValueError(
+            "`adjacency` must hold non-negative finite weights; got "
+            f"W[{coo.row[k]}, {coo.col[k]}] = {coo.data[k]:.6g}."
+        )
     asymmetric = abs(csr - csr.T)
     asymmetric.eliminate_zeros()
     if asymmetric.nnz:
@@ -660,8 +667,6 @@ def _edges_from_adjacency(adjacency):
             f"`adjacency` must have a zero diagonal (no self-loops); got W[{r}, {r}] = "
             f"{csr[r, r]:.6g}."
         )
-    if (coo.data < 0).any() or not np.isfinite(coo.data).all():
-        raise ValueError("`adjacency` must hold non-negative finite weights.")
     upper = coo.row < coo.col
     return n, coo.row[upper].astype(np.int64), coo.col[upper].astype(np.int64), coo.data[upper]
 

@@ -61,7 +61,7 @@ def Optimum(  # noqa: N802  (named like pm.Deterministic, which it extends)
         "raise": evaluating the model raises an ``AssertionError`` naming `name`. "warn": emits
         a :class:`PymcOptimWarning` at each failed evaluation and passes the unconverged x on.
         With bounds or constraints, a degenerate active set (a constraint on its bound with a
-        zero multiplier, where x*(Î¸) has a kink; see :mod:`pymc_optim.problems.constrained`) and
+        zero multiplier, where x*(θ) has a kink; see :mod:`pymc_optim.problems.constrained`) and
         infeasible constraints count as failures too. Failed evaluations are counted:
         ``pmo.failure_summary(idata)`` reports them after sampling (exactly with
         ``pm.sample(step=pmo.CountingNUTS())``).

@@ -93,6 +93,8 @@ def test_transition_matrix_truncates_at_the_top():
 def test_invalid_arguments_are_refused():
     with pytest.raises(ValueError, match=r"`groups` must be Rust's bus groups 1-8; got \[9\]"):
         load_rust1987(9)
+    with pytest.raises(ValueError, match=r"`groups` lists a group more than once \(\[1, 1\]\)"):
+        load_rust1987([1, 1])
     with pytest.raises(ValueError, match="`n` must be a positive integer"):
         load_rust1987(4, n=0)
     with pytest.raises(ValueError, match="`increment` must be a non-empty array"):

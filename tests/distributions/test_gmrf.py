@@ -258,6 +258,14 @@ def test_gmrf_in_a_model_with_free_tau_gradient():
             {"adjacency": np.array([[1, 1], [1, 0]])},
             r"`adjacency` must have a zero diagonal.*W\[0, 0\] = 1",
         ),
+        (
+            {"adjacency": np.array([[0, np.nan, 0], [np.nan, 0, 1.0], [0, 1.0, 0]])},
+            r"non-negative finite weights; got W\[0, 1\] = nan",
+        ),
+        (
+            {"adjacency": np.array([[0, -1.0], [-1.0, 0]])},
+            r"non-negative finite weights; got W\[0, 1\] = -1",
+        ),
         ({"edges": [(0, 1), (1, 2)], "n": 4}, r"1 isolated node\(s\).*e\.g\. node 3"),
         (
             {"edges": [(0, 1), (2, 3), (3, 4)]},

@@ -109,6 +109,11 @@ def load_rust1987(groups: int | Iterable[int] = 4, n: int = 90) -> Rust1987Data:
     unknown = [g for g in groups if g not in GROUP_FILES]
     if unknown or not groups:
         raise ValueError(f"`groups` must be Rust's bus groups 1-8; got {groups}.")
+    if len(set(groups)) != len(groups):
+        raise ValueError(
+            f"`groups` lists a group more than once ({groups}): its buses would count twice in "
+            "the likelihood. Name each group once."
+        )
     if int(n) != n or n < 1:
         raise ValueError(f"`n` must be a positive integer number of mileage states; got {n}.")
     n = int(n)
