@@ -131,18 +131,21 @@ def _newton_jax(op: NewtonOp, node=None, **kwargs):
         """The system, merit and positive-definiteness functions for inputs of `shapes`. JAX
         traces with concrete shapes: written into the inner graph's types, sizes that follow
         them (a Split of list controls without static shapes) become constants, which JAX's
-        split needs."""
+        split needs. They are built once per shapes, possibly while a solve is being traced:
+        built eagerly, so what an Op computes when it is converted (a constant matrix) stays a
+        concrete array rather than a value of that trace, which a later trace must not see."""
         if shapes not in built:
-            xs, params = op.typed_inner_inputs(node, shapes)
-            condition = op.condition.on(xs, params)
-            (merit,) = op.inner_on(xs, params, [op.merit])
-            jacobian = condition.jacobian()
-            A_in = jacobian.type()
-            built[shapes] = (
-                _jax_function([*xs, *params], [merit, condition.flat_residual(), jacobian]),
-                _jax_function([*xs, *params], [merit]),
-                _jax_function([A_in], [condition.structure.positive_definite(A_in)]),
-            )
+            with jax.ensure_compile_time_eval():
+                xs, params = op.typed_inner_inputs(node, shapes)
+                condition = op.condition.on(xs, params)
+                (merit,) = op.inner_on(xs, params, [op.merit])
+                jacobian = condition.jacobian()
+                A_in = jacobian.type()
+                built[shapes] = (
+                    _jax_function([*xs, *params], [merit, condition.flat_residual(), jacobian]),
+                    _jax_function([*xs, *params], [merit]),
+                    _jax_function([A_in], [condition.structure.positive_definite(A_in)]),
+                )
         return built[shapes]
 
     def newton(*inputs):
