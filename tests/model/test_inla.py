@@ -186,10 +186,15 @@ def test_ccd_agrees_with_the_exact_quadrature_when_theta_is_nearly_gaussian():
             assert abs(errors[name][statistic]) < QUADRATURE_TOLERANCE_SD, (name, errors)
 
 
-def test_ccd_on_a_skewed_posterior_is_only_second_order():
-    """Few groups: the CCD's moments are off by more than the grid's (documented limitation)."""
-    ccd, grid = errors_in_sd(fitted("ccd")), errors_in_sd(fitted("grid"))
-    assert fitted("ccd").inla.sizes["point"] == 9
+def test_ccd_on_a_skewed_posterior_is_only_second_order_and_says_so():
+    """Few groups: the CCD's moments are off by more than the grid's (documented limitation),
+    and its split-normal draws part from the design's means by more than 0.1 sd: a warning
+    points to importance sampling."""
+    with pytest.warns(pmo.PymcOptimWarning, match=r"fit_inla \(ccd\): .* posterior sd apart for"):
+        idata = fitted.__wrapped__("ccd")
+    assert idata.inla.attrs["ccd_fit_mean_gap_sd"] > inla_module.CCD_GAP_THRESHOLD_SD
+    ccd, grid = errors_in_sd(idata), errors_in_sd(fitted("grid"))
+    assert idata.inla.sizes["point"] == 9
     # the mean of mu is symmetric enough for the design; its sd is not
     assert abs(ccd["mu"]["mean"]) < QUADRATURE_TOLERANCE_SD
     assert abs(ccd["mu"]["sd"]) > 5 * abs(grid["mu"]["sd"])
@@ -329,6 +334,13 @@ def test_plot_inla_marginals():
     assert_allclose(line.get_xdata(), idata.inla["density_x"].sel(hyperparameter="sigma"))
     with pytest.raises(ValueError, match=r"`var_names` \['tau'\] are not among"):
         pmo.plot_inla_marginals(idata, var_names=["tau"])
+    with pytest.raises(ValueError, match=r"`var_names` is empty"):
+        pmo.plot_inla_marginals(idata, var_names=[])
+    import matplotlib.pyplot as plt
+
+    _, one_axis = plt.subplots()
+    with pytest.raises(ValueError, match=r"`ax` must hold one axis per plotted .* \(2: .* got 1"):
+        pmo.plot_inla_marginals(idata, ax=one_axis)
 
 
 def test_importance_weights_and_a_vector_hyperparameter():
@@ -407,6 +419,15 @@ def test_unknown_integration_and_draws():
         pmo.fit_inla(gaussian_model(), "x", integration="laplace")
     with pytest.raises(ValueError, match=r"`draws` must be a positive integer; got 0"):
         pmo.fit_inla(gaussian_model(), "x", draws=0)
+    for draws in (None, True, "100"):  # a bool is not a count; None named draws nowhere
+        with pytest.raises(ValueError, match=r"`draws` must be a positive integer; got"):
+            pmo.fit_inla(gaussian_model(), "x", draws=draws)
+
+
+def test_model_must_be_a_model():
+    """`fit_inla("x")` inside a model context: the model is not taken from the context."""
+    with pytest.raises(TypeError, match=r"`model` of `fit_inla` must be a `pm.Model`; got 'x'"):
+        pmo.fit_inla("x", "u")
 
 
 def test_no_free_hyperparameter_left():
@@ -480,9 +501,10 @@ def test_large_pareto_k_warns(monkeypatch):
 
 
 def test_progressbar_runs():
-    idata = pmo.fit_inla(
-        gaussian_model(), "x", integration="ccd", draws=5, progressbar=True, random_seed=3
-    )
+    with pytest.warns(pmo.PymcOptimWarning, match=r"fit_inla \(ccd\)"):  # skewed: see above
+        idata = pmo.fit_inla(
+            gaussian_model(), "x", integration="ccd", draws=5, progressbar=True, random_seed=3
+        )
     assert idata.inla.sizes["point"] == 9
 
 
