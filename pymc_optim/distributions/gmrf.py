@@ -196,7 +196,11 @@ class GMRF:
     def __new__(cls, name: str, precision, *, mu=0.0, tau=1.0, **kwargs) -> TensorVariable:
         _one_field("GMRF", np.shape(precision)[0], kwargs)
         return pm.CustomDist(
-            name, pm.floatX(mu), pm.floatX(tau), **_gmrf_custom_dist_kwargs(precision), **kwargs
+            name,
+            pm.floatX(mu),
+            _scalar("GMRF", "tau", tau),
+            **_gmrf_custom_dist_kwargs(precision),
+            **kwargs,
         )
 
     @classmethod
@@ -204,7 +208,10 @@ class GMRF:
         """The unnamed distribution; same arguments as ``GMRF``."""
         _one_field("GMRF", np.shape(precision)[0], kwargs)
         return pm.CustomDist.dist(
-            pm.floatX(mu), pm.floatX(tau), **_gmrf_custom_dist_kwargs(precision), **kwargs
+            pm.floatX(mu),
+            _scalar("GMRF", "tau", tau),
+            **_gmrf_custom_dist_kwargs(precision),
+            **kwargs,
         )
 
 
@@ -280,7 +287,10 @@ class RW:
                 "transform", NullSpaceTransform(_rw_null_space(n, order), np.arange(order))
             )
         return pm.CustomDist(
-            name, pm.floatX(sigma), **_rw_custom_dist_kwargs(n, order, constraint), **kwargs
+            name,
+            _scalar("RW", "sigma", sigma),
+            **_rw_custom_dist_kwargs(n, order, constraint),
+            **kwargs,
         )
 
     @classmethod
@@ -291,7 +301,7 @@ class RW:
         n, order = _check_rw(n, order, constraint)
         _one_field("RW", n, kwargs)
         return pm.CustomDist.dist(
-            pm.floatX(sigma), **_rw_custom_dist_kwargs(n, order, constraint), **kwargs
+            _scalar("RW", "sigma", sigma), **_rw_custom_dist_kwargs(n, order, constraint), **kwargs
         )
 
 
@@ -524,6 +534,21 @@ def _one_field(class_name: str, n: int, kwargs: dict) -> dict:
     return kwargs
 
 
+def _scalar(class_name: str, argument: str, value):
+    """A scale parameter as a float tensor, refused unless it is a scalar: the draws read an
+    array element by element while the density summed one full-field density per element, so
+    the model's density was not that of its draws."""
+    value = pm.floatX(value)
+    shape = pt.as_tensor_variable(value).type.shape
+    if shape:
+        raise ValueError(
+            f"`{class_name}`'s `{argument}` must be a scalar (one scale for the whole field); got "
+            f"a {len(shape)}-d value of shape {shape}. Scale the field "
+            f"afterwards for a scale per node, or write one `{class_name}` per scale."
+        )
+    return value
+
+
 def _check_length(class_name: str, value, n: int) -> None:
     """A value whose length is known and is not the field's: a ValueError (the density read
     n of its entries, or normalised for n, and gave a number)."""
@@ -550,7 +575,7 @@ def _icar_arguments(
     """``ICAR``'s arguments (one signature for the named and the unnamed form): the checked
     graph, σ, and the keyword arguments left for ``pm.CustomDist``."""
     graph = _icar_graph(edges, adjacency, weights, n, constraint, epsilon, islands)
-    return graph, pm.floatX(sigma), _one_field("ICAR", graph.n, kwargs)
+    return graph, _scalar("ICAR", "sigma", sigma), _one_field("ICAR", graph.n, kwargs)
 
 
 def _icar_graph(edges, adjacency, weights, n, constraint, epsilon, islands) -> _Graph:

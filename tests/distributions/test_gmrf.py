@@ -150,6 +150,21 @@ def test_batched_fields_are_refused_not_ignored():
             RW("x", n=3, dims=("a", "b"))
 
 
+def test_a_scale_per_node_is_refused():
+    """A vector sigma/tau: the draws read it per element, the density summed one field's
+    density per element, so the model's density was not that of its draws."""
+    from pymc_optim.distributions.gmrf import RW
+
+    for make, argument in [
+        (lambda v: ICAR.dist(edges=EDGES, islands="per_component", sigma=v), "`ICAR`'s `sigma`"),
+        (lambda v: GMRF.dist(sp.eye(3, format="csr"), tau=v), "`GMRF`'s `tau`"),
+        (lambda v: RW.dist(n=3, sigma=v), "`RW`'s `sigma`"),
+    ]:
+        with pytest.raises(ValueError, match=f"{argument} must be a scalar .* shape \\(3,\\)"):
+            make(np.ones(3))
+        make(pm.HalfNormal.dist())  # a symbolic scalar scale is fine
+
+
 def test_values_of_the_wrong_length_are_refused():
     """A density of 4 nodes read 4 of 6 values (or normalised for 4) and gave a number."""
     from pymc_optim.distributions.gmrf import RW
