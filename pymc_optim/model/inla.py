@@ -185,7 +185,10 @@ def fit_inla(
     Gaussian KDE) of each hyperparameter come from the same weighted support, except the CCD's
     means and sds, which come from its points and weights. The CCD is accurate when p(θ | y) is
     close to Gaussian in the unconstrained space (many groups per variance); with few, prefer
-    the grid (≤ 2 hyperparameters) or importance sampling, whose k̂ says when it fails.
+    the grid (≤ 2 hyperparameters) or importance sampling, whose k̂ says when it fails. The CCD
+    says when it fails too: it warns when its split-normal draws' means and the design's own
+    means disagree by more than ``CCD_GAP_THRESHOLD_SD`` (0.1) posterior sd
+    (``idata.inla.attrs["ccd_fit_mean_gap_sd"]``).
 
     *Cost.* One compiled function of θ serves the whole fit: it returns the marginal, its
     gradient (a lazy branch: mode search and Hessian only), the inner mode, H and success, and
