@@ -2,6 +2,7 @@
 
 import importlib.util
 
+from pymc_optim import _versions  # noqa: F401  (first: an old PyMC line is named, not a deep error)
 from pymc_optim._warnings import PymcOptimWarning
 from pymc_optim.backends import vectorize as _vectorize  # noqa: F401  (native batching)
 from pymc_optim.backends.deferred import after_import

@@ -18,7 +18,7 @@ from pytensor.compile.mode import get_default_mode
 from pytensor.graph.basic import equal_computations
 from pytensor.graph.replace import vectorize_graph
 from pytensor.tensor.blockwise import Blockwise
-from pytensor.tensor.slinalg import Cholesky
+from pytensor.tensor.linalg import Cholesky
 
 import pymc_optim as pmo
 from pymc_optim.backends.newton import NewtonOp

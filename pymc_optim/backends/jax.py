@@ -371,7 +371,7 @@ def _anderson_jax(op: FixedPointOp, node):
 def _with_implicit_vjp(op: SolverOp, node, solver):
     """Make JAX's own autodiff of `solver` use the package's implicit rule, not the loop.
 
-    PyTensor differentiates solver Ops symbolically (``L_op``), but samplers that differentiate
+    PyTensor differentiates solver Ops symbolically (``pullback``), but samplers that differentiate
     the jaxified log density with JAX (numpyro, blackjax) would try to reverse the
     ``while_loop``, which JAX refuses. The custom VJP's backward pass is the shared pullback
     graph of :func:`pymc_optim.implicit.implicit_pullback`, jaxified: no second copy of the rule.

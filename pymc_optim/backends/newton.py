@@ -143,7 +143,7 @@ class NewtonOp(SolverOp):
         x_stars = [out.type() for out in node.outputs[:k]]
         return Apply(self, node.inputs, [*x_stars, *diagnostics])
 
-    def infer_shape(self, fgraph, node, input_shapes):
+    def infer_shape(self, node, input_shapes):
         batch_shape = tuple(input_shapes[0][: self.batch_ndim])
         return [*input_shapes[: self.n_controls], batch_shape, batch_shape, batch_shape]
 
@@ -407,7 +407,7 @@ def direct_call(fn):
     called as it is.
     """
     vm = getattr(fn, "vm", None)
-    if vm is None or not getattr(fn, "trust_input", False) or fn.output_keys is not None:
+    if vm is None or not getattr(fn, "trust_input", False):
         return fn
     inputs = [container.storage for container in fn.input_storage]
     outputs = [container.storage for container in fn.output_storage]

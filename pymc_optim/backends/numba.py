@@ -47,7 +47,7 @@ from pathlib import Path
 import numba
 import numpy as np
 import pytensor.tensor as pt
-from pytensor.compile.function.types import add_supervisor_to_fgraph, insert_deepcopy
+from pytensor.compile.aliasing import add_supervisor_to_fgraph, insert_deepcopy
 from pytensor.compile.io import In, Out
 from pytensor.compile.mode import NUMBA
 from pytensor.graph.fg import FunctionGraph

@@ -31,6 +31,7 @@ import pymc as pm
 import pytensor.tensor as pt
 from pymc.distributions.dist_math import check_parameters
 from pymc.logprob.transforms import Transform
+from pymc.pytensorf import floatX
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_optim.linalg import _cholesky
@@ -197,7 +198,7 @@ class GMRF:
         _one_field("GMRF", np.shape(precision)[0], kwargs)
         return pm.CustomDist(
             name,
-            pm.floatX(mu),
+            floatX(mu),
             _scalar("GMRF", "tau", tau),
             **_gmrf_custom_dist_kwargs(precision),
             **kwargs,
@@ -208,7 +209,7 @@ class GMRF:
         """The unnamed distribution; same arguments as ``GMRF``."""
         _one_field("GMRF", np.shape(precision)[0], kwargs)
         return pm.CustomDist.dist(
-            pm.floatX(mu),
+            floatX(mu),
             _scalar("GMRF", "tau", tau),
             **_gmrf_custom_dist_kwargs(precision),
             **kwargs,
@@ -538,7 +539,7 @@ def _scalar(class_name: str, argument: str, value):
     """A scale parameter as a float tensor, refused unless it is a scalar: the draws read an
     array element by element while the density summed one full-field density per element, so
     the model's density was not that of its draws."""
-    value = pm.floatX(value)
+    value = floatX(value)
     shape = pt.as_tensor_variable(value).type.shape
     if shape:
         raise ValueError(

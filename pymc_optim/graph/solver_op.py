@@ -152,7 +152,7 @@ class SolverOp(Op, HasInnerGraph):
         ]
         return Apply(self, [*x0s, *params, *extras], outputs)
 
-    def infer_shape(self, fgraph, node, input_shapes):
+    def infer_shape(self, node, input_shapes):
         return [*input_shapes[: self.n_controls], (), (), ()]
 
     def typed_inner_inputs(self, node: Apply, shapes=None) -> tuple[list[Variable], list[Variable]]:
@@ -275,7 +275,7 @@ class SolverOp(Op, HasInnerGraph):
             self.__dict__["_connected"] = found
         return found
 
-    def L_op(self, inputs, outputs, output_grads):
+    def pullback(self, inputs, outputs, output_grads):
         x_stars = outputs[: self.n_controls]
         params = inputs[self.n_controls : self.n_controls + self.n_params]
         disconnected = [DisconnectedType()() for _ in range(self.n_controls)]

@@ -47,8 +47,7 @@ _LINEAR = (ps.Add, ps.Sub, ps.Neg, ps.Identity, ps.Cast, ps.Switch)
 #: The read that matches each increment Op (its indexed positions).
 _INCREMENT_READS = {
     pts.IncSubtensor: lambda op: pts.Subtensor(op.idx_list),
-    pts.AdvancedIncSubtensor1: lambda op: pts.AdvancedSubtensor1(),
-    pts.AdvancedIncSubtensor: lambda op: pts.AdvancedSubtensor(),
+    pts.AdvancedIncSubtensor: lambda op: pts.AdvancedSubtensor(op.idx_list),
 }
 
 

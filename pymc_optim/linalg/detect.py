@@ -68,9 +68,9 @@ from pytensor.tensor import subtensor as pts
 from pytensor.tensor.blockwise import Blockwise
 from pytensor.tensor.elemwise import CAReduce, DimShuffle, Elemwise
 from pytensor.tensor.exceptions import NotScalarConstantError
+from pytensor.tensor.linalg import CholeskySolve, Solve, SolveTriangular
 from pytensor.tensor.math import Dot, Sum
 from pytensor.tensor.shape import Reshape, SpecifyShape
-from pytensor.tensor.slinalg import CholeskySolve, Solve, SolveTriangular
 
 from pymc_optim.linalg.structure import LinearStructure
 
@@ -147,7 +147,6 @@ _COPIES = (
     DimShuffle,
     Reshape,
     pts.Subtensor,
-    pts.AdvancedSubtensor1,
     pts.AdvancedSubtensor,
     ptb.Alloc,
     ptb.Join,
@@ -157,7 +156,7 @@ _COPIES = (
     ptb.TensorFromScalar,
     ptb.ScalarFromTensor,
 )
-_INCREMENTS = (pts.IncSubtensor, pts.AdvancedIncSubtensor1, pts.AdvancedIncSubtensor)
+_INCREMENTS = (pts.IncSubtensor, pts.AdvancedIncSubtensor)
 #: Linear in their right-hand side (input 1) when the matrix (input 0) does not depend on x.
 _LINEAR_SOLVES = (Solve, SolveTriangular, CholeskySolve)
 

@@ -57,7 +57,7 @@ from pytensor.graph.op import Op
 from pytensor.ifelse import ifelse
 from pytensor.tensor.basic import Join
 from pytensor.tensor.elemwise import DimShuffle
-from pytensor.tensor.slinalg import Cholesky
+from pytensor.tensor.linalg import Cholesky
 from pytensor.tensor.variable import TensorConstant, TensorVariable
 from scipy.linalg import lapack
 
@@ -422,13 +422,13 @@ class BCholesky(Op):
                     return
         output_storage[0][0] = np.full((n, n), np.nan)
 
-    def infer_shape(self, fgraph, node, shapes):
+    def infer_shape(self, node, shapes):
         return [shapes[0]]
 
-    def L_op(self, inputs, outputs, output_grads):
+    def pullback(self, inputs, outputs, output_grads):
         K, w = inputs
         B = _b_matrix(K, pt.sqrt(w))
-        (B_bar,) = Cholesky(lower=True).L_op([B], outputs, output_grads)
+        (B_bar,) = Cholesky(lower=True).pullback([B], outputs, output_grads)
         return grad(None, [K, w], known_grads={B: B_bar})
 
 
@@ -458,10 +458,10 @@ class PlusDiagonal(Op):
         A.flat[:: A.shape[0] + 1] += w
         output_storage[0][0] = A
 
-    def infer_shape(self, fgraph, node, shapes):
+    def infer_shape(self, node, shapes):
         return [shapes[0]]
 
-    def L_op(self, inputs, outputs, output_grads):
+    def pullback(self, inputs, outputs, output_grads):
         (G,) = output_grads
         return [G, pt.diagonal(G)]
 
@@ -503,10 +503,10 @@ class CholeskyInverse(Op):
                 return
         output_storage[0][0] = np.full((n, n), np.nan)
 
-    def infer_shape(self, fgraph, node, shapes):
+    def infer_shape(self, node, shapes):
         return [shapes[0]]
 
-    def L_op(self, inputs, outputs, output_grads):
+    def pullback(self, inputs, outputs, output_grads):
         (L,) = inputs
         (X,) = outputs
         (G,) = output_grads
@@ -617,7 +617,7 @@ def _covariance_solve_op() -> OpFromGraph:
         [K, L, b],
         [_cholesky_solve(L, b)],
         inline=True,
-        lop_overrides=pullback,
+        pullback=pullback,
         connection_pattern=[[True], [False], [True]],
         name="covariance_solve",
     )
@@ -646,7 +646,7 @@ def _logdet_b_op() -> OpFromGraph:
         [K, w],
         [_logdet_from_cholesky(_b_cholesky(K, w))],
         inline=True,
-        lop_overrides=pullback,
+        pullback=pullback,
         name="logdet_b",
     )
 
@@ -669,7 +669,7 @@ def _logdet_spd_op() -> OpFromGraph:
         [A],
         [_logdet_from_cholesky(pt.linalg.cholesky(A, on_error="nan"))],
         inline=True,
-        lop_overrides=pullback,
+        pullback=pullback,
         name="logdet_spd",
     )
 
@@ -763,7 +763,7 @@ def _register_numba() -> None:
     call per evaluation."""
     from pytensor.link.numba.dispatch import basic as numba_basic
     from pytensor.link.numba.dispatch.linalg.decomposition.cholesky import _cholesky
-    from pytensor.link.numba.dispatch.linalg.solve.cholesky import _cho_solve
+    from pytensor.link.numba.dispatch.linalg.solvers.cholesky import _cho_solve
 
     @numba_basic.register_funcify_default_op_cache_key(BCholesky)
     def _numba_b_cholesky(op, node, **kwargs):

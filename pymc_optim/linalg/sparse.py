@@ -604,10 +604,10 @@ class SparseLogdetOp(_PatternOp):
         value = self._each(inputs[0], lambda lx, s: _cholesky.logdet(s, lx), fill_shape=())
         outputs[0][0] = np.asarray(value, dtype=np.float64)
 
-    def infer_shape(self, fgraph, node, shapes):
+    def infer_shape(self, node, shapes):
         return [shapes[0][:-1]]
 
-    def L_op(self, inputs, outputs, output_grads):
+    def pullback(self, inputs, outputs, output_grads):
         (values,) = inputs
         selected = SelectedInverseOp(self.pattern)(values)
         g = output_grads[0][:, None] if values.ndim == 2 else output_grads[0]
@@ -628,10 +628,10 @@ class SelectedInverseOp(_PatternOp):
             fill_shape=(self.pattern.nnz,),
         )
 
-    def infer_shape(self, fgraph, node, shapes):
+    def infer_shape(self, node, shapes):
         return [shapes[0]]
 
-    def L_op(self, inputs, outputs, output_grads):
+    def pullback(self, inputs, outputs, output_grads):
         # d(H⁻¹) = −H⁻¹ dH H⁻¹ needs H⁻¹ off the pattern: second derivatives of log det H are
         # not available through the selected inverse.
         return [grad_not_implemented(self, 0, inputs[0], "second derivatives of log det H")]
@@ -659,7 +659,7 @@ class _RightHandSideOp(_PatternOp):
             fill_shape=b.shape[values.ndim - 1 :],
         )
 
-    def infer_shape(self, fgraph, node, shapes):
+    def infer_shape(self, node, shapes):
         return [shapes[1]]
 
 
@@ -676,7 +676,7 @@ class SparseSolveOp(_RightHandSideOp):
     def _kernel(self, symbolic, lx, b):
         return _cholesky.solve(symbolic, lx, b)
 
-    def L_op(self, inputs, outputs, output_grads):
+    def pullback(self, inputs, outputs, output_grads):
         values, b = inputs
         (x,) = outputs
         b_bar = self(values, output_grads[0])
@@ -709,7 +709,7 @@ class SparseFactorSolveOp(_RightHandSideOp):
         kernel = _cholesky.sample if self.transposed else _cholesky.forward_permuted
         return kernel(symbolic, lx, z)
 
-    def L_op(self, inputs, outputs, output_grads):
+    def pullback(self, inputs, outputs, output_grads):
         values, z = inputs
         adjoint = SparseFactorSolveOp(self.pattern, transposed=not self.transposed)
         return [

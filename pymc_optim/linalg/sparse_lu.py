@@ -216,10 +216,10 @@ class SparseLUSolveOp(Op):
         values, b = inputs
         outputs[0][0] = self.pattern.solve_numpy(values, b, transposed=self.transposed)
 
-    def infer_shape(self, fgraph, node, shapes):
+    def infer_shape(self, node, shapes):
         return [shapes[1]]
 
-    def L_op(self, inputs, outputs, output_grads):
+    def pullback(self, inputs, outputs, output_grads):
         values, _ = inputs
         (x,) = outputs
         (x_bar,) = output_grads

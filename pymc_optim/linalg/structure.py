@@ -17,7 +17,7 @@ import numpy as np
 import pytensor.tensor as pt
 from pytensor.gradient import grad, jacobian
 from pytensor.tensor.blockwise import Blockwise
-from pytensor.tensor.slinalg import Solve
+from pytensor.tensor.linalg import Solve
 from pytensor.tensor.variable import TensorVariable
 
 __all__ = ["STRUCTURES", "LinearStructure", "as_linear_structure", "structure_from_pattern"]

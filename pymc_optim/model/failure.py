@@ -138,10 +138,10 @@ class WarnOnFailure(Op):
             )
         output_storage[0][0] = value
 
-    def infer_shape(self, fgraph, node, shapes):
+    def infer_shape(self, node, shapes):
         return [shapes[0]]
 
-    def L_op(self, inputs, outputs, output_grads):
+    def pullback(self, inputs, outputs, output_grads):
         return [output_grads[0], disconnected_type()]
 
     def connection_pattern(self, node):
@@ -183,10 +183,10 @@ class CountFailures(Op):
             FAILED_EVALUATIONS[self.label] += 1
         output_storage[0][0] = np.asarray(success)
 
-    def infer_shape(self, fgraph, node, shapes):
+    def infer_shape(self, node, shapes):
         return [()]
 
-    def L_op(self, inputs, outputs, output_grads):
+    def pullback(self, inputs, outputs, output_grads):
         return [disconnected_type()]
 
     def connection_pattern(self, node):
@@ -224,9 +224,9 @@ def failure_summary(idata, *, threshold: float = 0.01, warn: bool = True):
 
     Parameters
     ----------
-    idata : arviz.InferenceData
-        From ``pm.sample``; best with ``step=pmo.CountingNUTS()``, which records the exact
-        ``failed_solves`` statistic.
+    idata : xarray.DataTree
+        From ``pm.sample``, with a ``sample_stats`` group; best with
+        ``step=pmo.CountingNUTS()``, which records the exact ``failed_solves`` statistic.
     threshold : float, default 0.01
         Warn when, in some chain, more than this fraction of the draws hit a failed solve
         (or, without the statistic, diverged): under ``on_failure="reject"`` these points were
@@ -250,15 +250,24 @@ def failure_summary(idata, *, threshold: float = 0.01, warn: bool = True):
     >>> import arviz as az, numpy as np
     >>> import pymc_optim as pmo
     >>> idata = az.from_dict(
-    ...     posterior={"mu": np.zeros((2, 50))},
-    ...     sample_stats={"diverging": np.zeros((2, 50), dtype=bool)},
+    ...     {
+    ...         "posterior": {"mu": np.zeros((2, 50))},
+    ...         "sample_stats": {"diverging": np.zeros((2, 50), dtype=bool)},
+    ...     }
     ... )
     >>> summary = pmo.failure_summary(idata, warn=False)
     >>> [int(n) for n in summary["divergences"]]
     [0, 0]
     """
     import pandas as pd
+    import xarray as xr
 
+    if not isinstance(idata, xr.DataTree) or "sample_stats" not in idata.children:
+        raise TypeError(
+            "`idata` of `failure_summary` must be an xarray.DataTree with a `sample_stats` "
+            f"group (what `pm.sample` returns); got {_describe(idata)}. Pass the result of "
+            "`pm.sample` (with `step=pmo.CountingNUTS()` for the exact count of failed solves)."
+        )
     stats = idata.sample_stats
     n_chains, n_draws = stats.sizes["chain"], stats.sizes["draw"]
     has_count = FAILED_SOLVES_STAT in stats
@@ -272,7 +281,7 @@ def failure_summary(idata, *, threshold: float = 0.01, warn: bool = True):
         else np.zeros(n_chains, dtype=int)
     )
     unsolved = np.zeros(n_chains, dtype=int)
-    posterior = getattr(idata, "posterior", None)
+    posterior = idata.children.get("posterior")
     for name in [] if posterior is None else list(posterior.data_vars):
         var = posterior[name]
         if var.dtype == bool and (name.endswith("_success") or name.endswith("_solved")):
@@ -291,6 +300,15 @@ def failure_summary(idata, *, threshold: float = 0.01, warn: bool = True):
     if warn:
         _warn_if_frequent(summary, has_count, threshold)
     return summary
+
+
+def _describe(idata) -> str:
+    """`idata`'s type, and its groups when it is a DataTree (for the error of a wrong `idata`)."""
+    import xarray as xr
+
+    if isinstance(idata, xr.DataTree):
+        return f"a DataTree with the groups {list(idata.children)}"
+    return f"a {type(idata).__name__}"
 
 
 def _warn_if_frequent(summary, has_count: bool, threshold: float) -> None:

@@ -133,7 +133,7 @@ def fit_inla(
 
     Returns
     -------
-    idata : arviz.InferenceData
+    idata : xarray.DataTree
         ``posterior``: `draws` joint draws of the hyperparameters (from the integration's
         approximation of p(θ | y)), of the latent (for each θ draw, one draw of N(x*(θ), H⁻¹) by
         :func:`pymc_optim.recover_latent`) and of the model's deterministics (those of the
@@ -176,7 +176,7 @@ def fit_inla(
     chosen, as in Rue et al. (2009, §6.5), so that the rule integrates a standard Gaussian and
     its second moment exactly: Δ₀ ∝ (1 − 1/f₀²)/φ(0) at the center and Δ ∝ 1/(n f₀² φ(f₀√m)) at
     each of the n other points. Importance: w ∝ p(θ, y)/q(θ), Pareto-smoothed by
-    :func:`arviz.psislw`.
+    ``arviz_stats.base.array_stats.psislw``.
 
     *Draws and marginals.* Grid: the log density is interpolated (cubic) on a finer lattice in
     z, and θ is drawn from its cells. CCD: from a split normal in z whose two scales per axis
@@ -291,10 +291,7 @@ def fit_inla(
     idata = _posterior(
         model, marginal_model, target, result.draws, rng, progressbar, mean_correction
     )
-    inla = _inla_group(target, result, mode, hessian, used, mode_success)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*not defined in the InferenceData scheme")
-        idata.add_groups({"inla": inla})
+    idata["inla"] = _inla_group(target, result, mode, hessian, used, mode_success)
     return idata
 
 
@@ -303,8 +300,8 @@ def plot_inla_marginals(idata, var_names=None, *, ax=None, **plot_kwargs):
 
     Parameters
     ----------
-    idata : arviz.InferenceData
-        Returned by :func:`fit_inla`.
+    idata : xarray.DataTree
+        Returned by :func:`fit_inla` (it has an ``inla`` group).
     var_names : str or list of str, optional
         Hyperparameters to plot: names (a vector's name selects each of its values) or labels
         of ``idata.inla.hyperparameter`` (``"beta[0]"``); all by default.
@@ -341,9 +338,19 @@ def plot_inla_marginals(idata, var_names=None, *, ax=None, **plot_kwargs):
     """
     import matplotlib.pyplot as plt
 
-    inla = getattr(idata, "inla", None)
-    if inla is None:
-        raise TypeError("`idata` must be returned by `pmo.fit_inla` (it has no `inla` group).")
+    import xarray as xr
+
+    if not isinstance(idata, xr.DataTree) or "inla" not in idata.children:
+        got = (
+            f"a DataTree with the groups {list(idata.children)}"
+            if isinstance(idata, xr.DataTree)
+            else f"a {type(idata).__name__}"
+        )
+        raise TypeError(
+            "`idata` of `plot_inla_marginals` must be the xarray.DataTree returned by "
+            f"`pmo.fit_inla` (with an `inla` group); got {got}. Pass the result of `pmo.fit_inla`."
+        )
+    inla = idata.inla
     labels = [str(label) for label in inla["hyperparameter"].values]
     if isinstance(var_names, str):
         var_names = [var_names]
@@ -741,7 +748,7 @@ def _integrate_ccd(target, mode, lp_mode, scale, draws, rng):
 
 
 def _integrate_importance(target, mode, lp_mode, scale, draws, rng):
-    import arviz as az
+    from arviz_stats.base import array_stats
     from scipy.stats import multivariate_t
 
     m = mode.size
@@ -755,7 +762,8 @@ def _integrate_importance(target, mode, lp_mode, scale, draws, rng):
     log_ratio = log_density - proposal.logpdf(z)
     finite = np.isfinite(log_ratio)
     smoothed = np.full(n, -np.inf)
-    smoothed_finite, pareto_k = az.psislw(log_ratio[finite] - log_ratio[finite].max())
+    # array_stats.psislw takes the negated log weights (a log likelihood, as in PSIS-LOO)
+    smoothed_finite, pareto_k = array_stats.psislw(log_ratio[finite].max() - log_ratio[finite])
     smoothed[finite] = smoothed_finite
     weights = _normalize(smoothed)
     picks = rng.choice(n, size=draws, p=weights)
@@ -877,7 +885,7 @@ def _posterior(model, marginal_model, target, theta_draws, rng, progressbar, mea
             if model.named_vars_to_dims.get(name):
                 dims[name] = list(model.named_vars_to_dims[name])
     coords = {k: np.asarray(v) for k, v in model.coords.items() if v is not None}
-    idata = az.from_dict(posterior=posterior, dims=dims, coords=coords)
+    idata = az.from_dict({"posterior": posterior}, dims=dims, coords=coords)
     # The latent draws: at each θ draw, the mode and H from the target's own compiled function
     # (no second compilation of the marginal), visiting the draws in order of their position
     # along the posterior's main axis so that each inner solve starts near its mode; the draws
@@ -895,9 +903,7 @@ def _posterior(model, marginal_model, target, theta_draws, rng, progressbar, mea
     per_chain = _laplace._recover(marginal_model, solve, hyper, rng, progressbar, order=order)
     _laplace._store_recovered(marginal_model, idata.posterior, per_chain)
     if model.deterministics:
-        idata.posterior = pm.compute_deterministics(
-            idata.posterior, model=model, merge_dataset=True, progressbar=False
-        )
+        pm.compute_deterministics(idata, model=model, extend_dataset=True, progressbar=False)
     return idata
 
 

@@ -418,8 +418,7 @@ def marginalize_laplace(
 
     for obs in [*dependents, *latent_fg]:
         fgraph.remove_output(fgraph.outputs.index(obs))
-    potential = ModelPotential()(marked)
-    potential.name = "laplace_marginal"
+    potential = ModelPotential(name="laplace_marginal")(marked)
     fgraph.add_output(potential)
     new_model = model_from_fgraph(fgraph, mutate_fgraph=True)
     # model_from_fgraph orders variables topologically; keep the user's order (it is the order
@@ -926,10 +925,10 @@ class LaplaceMarginal(Op):
     def perform(self, node, inputs, output_storage):
         output_storage[0][0] = inputs[0]
 
-    def infer_shape(self, fgraph, node, shapes):
+    def infer_shape(self, node, shapes):
         return [shapes[0]]
 
-    def L_op(self, inputs, outputs, output_grads):
+    def pullback(self, inputs, outputs, output_grads):
         return [output_grads[0], *(disconnected_type() for _ in inputs[1:])]
 
     def connection_pattern(self, node):

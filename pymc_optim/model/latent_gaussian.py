@@ -33,10 +33,9 @@ from pytensor.graph.traversal import ancestors, io_toposort
 from pytensor.tensor.basic import NotScalarConstantError, get_underlying_scalar_constant_value
 from pytensor.tensor.blockwise import Blockwise
 from pytensor.tensor.elemwise import DimShuffle, Elemwise
+from pytensor.tensor.linalg import Cholesky, MatrixInverse
 from pytensor.tensor.math import Dot
-from pytensor.tensor.nlinalg import MatrixInverse
 from pytensor.tensor.shape import Reshape, SpecifyShape
-from pytensor.tensor.slinalg import Cholesky
 
 from pymc_optim.backends.newton import NewtonOp
 from pymc_optim.graph.inner_graph import static_size
@@ -366,8 +365,7 @@ def _as_multivariate_normal(model: pm.Model, f, v):
     expression = f_fg.owner.inputs[0]
     _, matrix = linear_map(expression, v_fg)
     rv = pm.MvNormal.dist(mu=_offset(expression, v_fg, matrix), cov=_cholesky_input(matrix))
-    new = model_free_rv(rv, rv.type(name=f.name), None, *f_fg.owner.inputs[1:])
-    new.name = f.name
+    new = model_free_rv(rv, rv.type(name=f.name), None, f.name, *f_fg.owner.op.dims)
     fgraph.replace(f_fg, new, import_missing=True)
     fgraph.remove_output(fgraph.outputs.index(v_fg))
     new_model = model_from_fgraph(fgraph, mutate_fgraph=True)

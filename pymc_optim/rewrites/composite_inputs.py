@@ -36,7 +36,8 @@ def _unique_composite_inputs(fgraph, node):
         return None
     position: dict = {}  # outer input -> its index among the distinct ones
     outer, inner, replace = [], [], {}
-    for outer_input, inner_input in zip(node.inputs, composite.fgraph.inputs, strict=True):
+    inner_graph = composite.fgraph.unfreeze()  # a frozen inner graph's variables are shared
+    for outer_input, inner_input in zip(node.inputs, inner_graph.inputs, strict=True):
         kept = position.get(outer_input)
         if kept is None:
             position[outer_input] = len(outer)
@@ -53,7 +54,7 @@ def _unique_composite_inputs(fgraph, node):
         j = position[node.inputs[i]]
         if j not in inplace.values():
             inplace[out] = j
-    outputs = clone_replace(composite.fgraph.outputs, replace=replace)
+    outputs = clone_replace(inner_graph.outputs, replace=replace)
     op = Elemwise(Composite(inner, outputs), inplace_pattern=inplace)
     new_outputs = op.make_node(*outer).outputs
     if any(old.type != new.type for old, new in zip(node.outputs, new_outputs, strict=True)):

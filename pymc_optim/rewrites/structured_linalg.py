@@ -124,18 +124,21 @@ from pytensor.tensor.basic import ExtractDiag
 from pytensor.tensor.blockwise import Blockwise
 from pytensor.tensor.elemwise import DimShuffle, Elemwise
 from pytensor.tensor.exceptions import NotScalarConstantError
-from pytensor.tensor.math import Dot, Sum
-from pytensor.tensor.nlinalg import Det, KroneckerProduct, MatrixInverse, SLogDet
-from pytensor.tensor.random.op import RandomVariable
-from pytensor.tensor.shape import SpecifyShape
-from pytensor.tensor.slinalg import (
+from pytensor.tensor.linalg import (
     BlockDiagonal,
     Cholesky,
     CholeskySolve,
+    Det,
+    KroneckerProduct,
+    MatrixInverse,
+    SLogDet,
     Solve,
     SolveTriangular,
     block_diag,
 )
+from pytensor.tensor.math import Dot, Sum
+from pytensor.tensor.random.op import RandomVariable
+from pytensor.tensor.shape import SpecifyShape
 from pytensor.tensor.subtensor import Subtensor
 
 __all__ = ["TAG", "disable_rewrites", "enable_rewrites", "rewrites_enabled", "structure_linalg"]
@@ -434,7 +437,7 @@ class _MaskedCholesky(Cholesky):
     into Elemwise products.
     """
 
-    def L_op(self, inputs, outputs, gradients):
+    def pullback(self, inputs, outputs, gradients):
         [dz] = gradients
         [L] = outputs
         if not self.lower:

@@ -7,10 +7,10 @@ is generic it must be the tightest layout (`structure_from_pattern` of the exact
 
 import numpy as np
 import pymc as pm
-import pytensor
 import pytensor.tensor as pt
 import pytest
 from pytensor.gradient import hessian, jacobian
+from pytensor.graph.replace import graph_replace
 
 from pymc_optim.linalg.detect import (
     PROBE_CHUNK,
@@ -36,14 +36,14 @@ def _flat(xs, shapes):
 
 def _exact_hessian_pattern(objective, xs, shapes):
     z, replace = _flat(xs, shapes)
-    h = hessian(pytensor.graph_replace(objective, replace), z)
+    h = hessian(graph_replace(objective, replace), z)
     value = h.eval({z: RNG.normal(size=z.type.shape)})
     return value != 0
 
 
 def _exact_jacobian_pattern(residual, xs, shapes):
     z, replace = _flat(xs, shapes)
-    flat = pt.concatenate([r.ravel() for r in pytensor.graph_replace(residual, replace)])
+    flat = pt.concatenate([r.ravel() for r in graph_replace(residual, replace)])
     value = jacobian(flat, z).eval({z: RNG.normal(size=z.type.shape)})
     return value != 0
 

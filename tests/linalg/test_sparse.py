@@ -8,6 +8,7 @@ import pytensor
 import pytensor.tensor as pt
 import pytest
 import scipy.sparse as sp
+from pytensor.graph.replace import graph_replace
 
 import pymc_optim as pmo
 from pymc_optim.linalg import _cholesky
@@ -606,7 +607,7 @@ def test_soft_sum_to_zero_stays_dense():
     model = icar_poisson_model(17, constraint="soft")
     values = model.rvs_to_values[model["x"]]
     z = pt.vector("z", shape=(289,))
-    logp = pytensor.graph_replace(model.logp(), {values: z}, strict=False)
+    logp = graph_replace(model.logp(), {values: z}, strict=False)
     assert detect.sparse_hessian_structure(logp, [z], [289]) is None
 
 

@@ -109,7 +109,7 @@ def test_accepted_unsolved_draws_under_warn_are_counted():
     }
     sample_stats = {"diverging": np.zeros((2, 4), dtype=bool), "failed_solves": np.zeros((2, 4))}
     sample_stats["failed_solves"][0, 1] = sample_stats["failed_solves"][1, :2] = 1
-    idata = az.from_dict(posterior=posterior, sample_stats=sample_stats)
+    idata = az.from_dict({"posterior": posterior, "sample_stats": sample_stats})
     with pytest.warns(pmo.PymcOptimWarning, match="chain 0: 1 of 4 draws, chain 1: 2 of 4"):
         summary = pmo.failure_summary(idata)
     assert list(summary["unsolved_draws"]) == [1, 2]
@@ -122,11 +122,19 @@ def test_rare_failures_do_not_warn():
         "failed_solves": np.zeros((1, 200)),
     }
     sample_stats["failed_solves"][0, 7] = 1  # 0.5 % of the draws
-    idata = az.from_dict(posterior={"a": np.zeros((1, 200))}, sample_stats=sample_stats)
+    idata = az.from_dict({"posterior": {"a": np.zeros((1, 200))}, "sample_stats": sample_stats})
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         summary = pmo.failure_summary(idata)
     assert int(summary["failed_solves"].iloc[0]) == 1
+
+
+def test_failure_summary_refuses_what_is_not_a_sampled_datatree():
+    posterior = {"a": np.zeros((1, 4))}
+    with pytest.raises(TypeError, match=r"`idata` of `failure_summary` .* got a Dataset"):
+        pmo.failure_summary(az.from_dict({"posterior": posterior}).posterior.to_dataset())
+    with pytest.raises(TypeError, match=r"sample_stats.* the groups \['posterior'\]"):
+        pmo.failure_summary(az.from_dict({"posterior": posterior}))
 
 
 def test_warn_policy_counts_its_failed_evaluations():

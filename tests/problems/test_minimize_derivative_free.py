@@ -41,7 +41,7 @@ class UndefinedGradientLoss(Op):
         (d,) = inputs
         output_storage[0][0] = np.asarray(np.sum(np.log(np.cosh(d))) + 0.1 * np.sum(d**2))
 
-    def L_op(self, inputs, outputs, output_grads):
+    def pullback(self, inputs, outputs, output_grads):
         return [grad_undefined(self, 0, inputs[0], "a black-box loss")]
 
 

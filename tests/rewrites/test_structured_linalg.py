@@ -12,8 +12,7 @@ import scipy.stats
 from pytensor.compile.mode import get_default_mode
 from pytensor.graph.replace import vectorize_graph
 from pytensor.tensor.blockwise import Blockwise
-from pytensor.tensor.nlinalg import Det, SLogDet
-from pytensor.tensor.slinalg import Cholesky, LUFactor, SolveBase
+from pytensor.tensor.linalg import Cholesky, Det, LUFactor, SLogDet, SolveBase
 
 import pymc_optim as pmo
 from pymc_optim.rewrites.structured_linalg import TAG, structure_linalg

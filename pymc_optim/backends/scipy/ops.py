@@ -112,7 +112,7 @@ class MinimizeOp(SolverOp):
         if self.no_gradient is None:
             # ∇²f at x* in the structure's compact form, for the curvature check of `solve`;
             # without second derivatives (pt.prod's gradient has none) there is no check, and
-            # the solution's own gradient says why it cannot be built (SolverOp.L_op)
+            # the solution's own gradient says why it cannot be built (SolverOp.pullback)
             try:
                 fns["curvature"] = ([], [self.condition.jacobian()])
             except NullTypeGradError:

@@ -359,7 +359,7 @@ class _UnlessFinite(Op):
         schur, A, rhs = (pt.as_tensor_variable(v) for v in (schur, A, rhs))
         return Apply(self, [schur, A, rhs], [schur.type()])
 
-    def infer_shape(self, fgraph, node, shapes):
+    def infer_shape(self, node, shapes):
         return [shapes[0]]
 
     def perform(self, node, inputs, outputs):
@@ -374,7 +374,7 @@ class _UnlessFinite(Op):
             out = np.full(rhs.shape, np.nan)
         outputs[0][0] = out.astype(node.outputs[0].type.dtype, copy=False)
 
-    def L_op(self, inputs, outputs, output_grads):
+    def pullback(self, inputs, outputs, output_grads):
         _, A, rhs = inputs
         return [output_grads[0], A.zeros_like(), rhs.zeros_like()]
 
