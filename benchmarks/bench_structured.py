@@ -13,7 +13,7 @@ exponential kernels (+ 10⁻³ jitter) of two lengthscales θ = (ℓ_t, ℓ_s), 
 returns the log-density and its gradient with respect to θ and x. Rows:
 
 - **dense**: compiled with the rewrites of ``pymc_optim.rewrites.structured_linalg`` excluded, and
-  PyTensor's own Kronecker lifts too (``local_lift_through_linalg``): Cholesky of the 900 × 900
+  PyTensor's own Kronecker lifts too (``lift_linalg_of_expanded_matrices``): Cholesky of the 900 × 900
   matrix, its gradient, triangular solves — O(N³).
 - **compile-time rewrites**: the same graph and gradient, default mode: the rewrites act on the
   already-differentiated graph (no decomposition of the 900 × 900 matrix remains, but the
@@ -57,7 +57,11 @@ import pymc_optim as pmo
 from pymc_optim.rewrites.structured_linalg import TAG, structure_linalg
 
 DENSE = get_default_mode().excluding(
-    TAG, "local_lift_through_linalg", "rewrite_det_kronecker", "rewrite_det_blockdiag"
+    TAG,
+    "lift_linalg_of_expanded_matrices",
+    "det_of_kronecker",
+    "det_of_blockdiag",
+    "block_diag_solve_to_block_diag_solves",
 )
 
 

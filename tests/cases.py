@@ -21,6 +21,7 @@ import numpy as np
 import pytensor
 import pytensor.tensor as pt
 import scipy.linalg
+from pytensor.graph.replace import clone_replace
 
 __all__ = [
     "MINIMIZE_PROBLEMS",
@@ -788,7 +789,7 @@ class FlatProblem:
         self.params = list(built.params.values())
 
     def rewrite(self, outputs):
-        return pytensor.clone_replace(outputs, replace=self.replace)
+        return clone_replace(outputs, replace=self.replace)
 
     def compile(self, outputs, extra_inputs=()):
         """`outputs` (of z, `extra_inputs` and the parameters) as ``f(values, z, *extra)``."""

@@ -25,8 +25,15 @@ __all__ = ["INNER_REWRITES", "INVALID_PARAMETERS", "SolverOp", "inner_mode", "ma
 
 #: Errors that evaluating the inner graph raises at parameters where the problem is undefined
 #: (PyMC's ParameterValueError is a ValueError), or where sizes known only at run time disagree
-#: (numpy's and scipy's shape checks raise ValueError or TypeError).
-INVALID_PARAMETERS = (ValueError, TypeError, ArithmeticError, np.linalg.LinAlgError)
+#: (numpy's and scipy's shape checks raise ValueError or TypeError; PyTensor's run-time
+#: broadcast checks are `Assert` Ops, which raise AssertionError).
+INVALID_PARAMETERS = (
+    ValueError,
+    TypeError,
+    ArithmeticError,
+    AssertionError,
+    np.linalg.LinAlgError,
+)
 #: Rewrites every backend applies to a solver's inner graphs on top of its own mode: PyMC's
 #: parameter checks in a log density (``CheckParameterValue``: `sigma > 0`, `mu > 0`) give −inf
 #: instead of raising, as PyMC compiles a model's logp. A Newton trial step into exp(u) = 0 made

@@ -25,6 +25,8 @@ from collections.abc import Sequence
 
 import numpy as np
 import scipy.sparse as sp
+from pytensor.compile.builders import OpFromGraph
+from pytensor.compile.rewriting import inline_ofg_node
 from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.traversal import graph_inputs, io_toposort
 from pytensor.raise_op import CheckAndRaise
@@ -203,6 +205,15 @@ class _Reader:
                 continue
             outputs = [o for o in node.outputs if _differentiable(o)]
             if not outputs:
+                continue
+            if isinstance(node.op, OpFromGraph):
+                # its inner graph rebuilt on the node's inputs (PyTensor's LogSumExp, XLogY,
+                # pt.diag are such Ops), read node by node
+                inner = inline_ofg_node(node)
+                self.run_outputs(inner, node.inputs)
+                for out, value in zip(node.outputs, inner, strict=True):
+                    if _differentiable(out) and value in self.known:
+                        self.known[out] = self.known[value]
                 continue
             if isinstance(node.op, ptb.Split):
                 for out, found in zip(node.outputs, self.copies(node, dependent), strict=True):

@@ -59,6 +59,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from pytensor.compile.builders import OpFromGraph
+from pytensor.compile.rewriting import inline_ofg_node
 from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.traversal import io_toposort
 from pytensor.raise_op import CheckAndRaise
@@ -221,9 +223,23 @@ def _classify(outputs, xs) -> dict:
         x: _Dep(key=("control", i), rows=(i, 1, 0) if x.type.ndim >= 1 else None)
         for i, x in enumerate(xs)
     }
-    for node in io_toposort(list(xs), list(outputs)):
+    _classify_nodes(io_toposort(list(xs), list(outputs)), classes)
+    return classes
+
+
+def _classify_nodes(nodes, classes: dict) -> None:
+    for node in nodes:
         inputs = [classes.get(i) for i in node.inputs]
         if all(c is None for c in inputs):
+            continue
+        if isinstance(node.op, OpFromGraph):
+            # its inner graph rebuilt on the node's inputs (PyTensor's LogSumExp, XLogY, pt.diag
+            # are such Ops), read node by node
+            inner = inline_ofg_node(node)
+            _classify_nodes(io_toposort(list(node.inputs), inner), classes)
+            for out, value in zip(node.outputs, inner, strict=True):
+                if _differentiable(out) and value in classes:
+                    classes[out] = classes[value]
             continue
         kind = _FULL if _FULL in inputs else _rule(node, inputs)
         if kind == _FULL:
@@ -233,7 +249,6 @@ def _classify(outputs, xs) -> dict:
         for out in node.outputs:
             if _differentiable(out):
                 classes[out] = kind
-    return classes
 
 
 def _differentiable(var) -> bool:

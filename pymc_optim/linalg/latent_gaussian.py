@@ -51,10 +51,10 @@ from typing import ClassVar
 import numpy as np
 import pytensor.tensor as pt
 from pytensor.compile.builders import OpFromGraph
+from pytensor.conditional.op import ifelse
 from pytensor.gradient import DisconnectedType, grad
 from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
-from pytensor.ifelse import ifelse
 from pytensor.tensor.basic import Join
 from pytensor.tensor.elemwise import DimShuffle
 from pytensor.tensor.linalg import Cholesky

@@ -228,6 +228,10 @@ class _FailSafeSolve(Solve):
         b = inputs[1]
         if outputs[0][0].shape != b.shape:
             outputs[0][0] = np.full(b.shape, np.nan, dtype=node.outputs[0].type.dtype)
+        elif not outputs[0][0].flags.writeable:
+            # scipy's solve with overwrite_b returns a read-only view of b; ops downstream
+            # may work in place on this output
+            outputs[0][0] = np.array(outputs[0][0])
 
 
 def _finite(x) -> TensorVariable:

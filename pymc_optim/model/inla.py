@@ -14,7 +14,7 @@ import pytensor.tensor as pt
 from pytensor.gradient import grad
 from pytensor.graph.replace import graph_replace, vectorize_graph
 from pytensor.graph.traversal import ancestors
-from pytensor.ifelse import ifelse
+from pytensor.conditional.op import ifelse
 from scipy.special import logsumexp
 
 from pymc_optim._modes import PYTHON_MODE
@@ -316,8 +316,9 @@ def plot_inla_marginals(idata, var_names=None, *, ax=None, **plot_kwargs):
 
     Notes
     -----
-    To overlay the densities on NUTS draws of the same model, pass the axes of
-    ``az.plot_posterior(nuts_idata, var_names=[...], kind="hist")``.
+    To overlay the densities on NUTS draws of the same model, pass the axes of ArviZ's
+    ``pc = az.plot_dist(nuts_idata, var_names=names, kind="hist")``, one per name:
+    ``ax=[pc.get_target(name, {}) for name in names]`` (scalar hyperparameters).
 
     Examples
     --------
@@ -337,7 +338,6 @@ def plot_inla_marginals(idata, var_names=None, *, ax=None, **plot_kwargs):
     2
     """
     import matplotlib.pyplot as plt
-
     import xarray as xr
 
     if not isinstance(idata, xr.DataTree) or "inla" not in idata.children:

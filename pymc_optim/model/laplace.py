@@ -466,8 +466,8 @@ def recover_latent(
     marginal_model : pm.Model
         A model returned by :func:`marginalize_laplace`, or a transformation of one that keeps
         its potential (e.g. ``pm.model.fgraph.clone_model``).
-    idata : arviz.InferenceData
-        With a ``posterior`` group holding the hyperparameters.
+    idata : xarray.DataTree
+        With a ``posterior`` group holding the hyperparameters (what ``pm.sample`` returns).
     random_seed : int or numpy.random.Generator, optional
     progressbar : bool, default True
         Show progress over the draws (of all chains).
@@ -491,7 +491,7 @@ def recover_latent(
 
     Returns
     -------
-    idata : arviz.InferenceData
+    idata : xarray.DataTree
         The same object, with the latent variables, their Deterministics and
         ``"<latent>_solved"`` (whether the inner solve converged at that draw) added to its
         posterior. Where it is False, the draw is taken around the solver's last iterate.
@@ -533,7 +533,7 @@ def recover_latent(
     ...     u = pm.Normal("u", mu, 1.0, dims="group")
     ...     y_obs = pm.Normal("y", u, 1.0, observed=y, dims="group")
     >>> marginal = pmo.marginalize_laplace(model, "u")
-    >>> idata = az.from_dict(posterior={"mu": np.full((1, 4000), 0.3)})
+    >>> idata = az.from_dict({"posterior": {"mu": np.full((1, 4000), 0.3)}})
     >>> idata = pmo.recover_latent(marginal, idata, random_seed=1, progressbar=False)
     >>> idata.posterior["u"].dims, bool(idata.posterior["u_solved"].all())
     (('chain', 'draw', 'group'), True)
@@ -547,12 +547,19 @@ def recover_latent(
     _check_mode(mode)
     if isinstance(cores, bool) or not isinstance(cores, int | np.integer) or cores < 1:
         raise ValueError(f"`cores` must be a positive integer; got {cores!r}.")
-    if not hasattr(idata, "posterior") or not hasattr(idata.posterior, "sizes"):
+    import xarray as xr
+
+    if not isinstance(idata, xr.DataTree) or "posterior" not in idata.children:
+        got = (
+            f"a DataTree with the groups {list(idata.children)}"
+            if isinstance(idata, xr.DataTree)
+            else f"a {type(idata).__name__}"
+        )
         raise TypeError(
-            "`idata` of `recover_latent` must be an arviz.InferenceData with a `posterior` group "
-            f"(what `pm.sample` returns); got {type(idata).__name__}. For a MultiTrace, sample "
-            "with `return_inferencedata=True`; for a posterior Dataset `ds`, pass "
-            "`az.InferenceData(posterior=ds)`."
+            "`idata` of `recover_latent` must be an xarray.DataTree with a `posterior` group "
+            f"(what `pm.sample` returns); got {got}. For a MultiTrace, sample with "
+            "`return_inferencedata=True`; for a posterior Dataset `ds`, pass "
+            '`xr.DataTree.from_dict({"posterior": ds})`.'
         )
     node = _laplace_node(marginal_model)
     rng = np.random.default_rng(random_seed)
@@ -1400,11 +1407,11 @@ def _check_posterior_predictive(model: pm.Model, var_names) -> None:
 def _guard_posterior_predictive() -> None:
     """Make ``pm.sample_posterior_predictive`` raise the recipe in a Laplace marginal model.
 
-    PyMC 5.28's ``sample_posterior_predictive`` picks ``model.observed_RVs`` (and the
-    Deterministics depending on them) when `var_names` is None, and returns an empty result,
-    touching no variable, when there are none. Every model attribute it reads before that is
-    read by ``pm.sample`` too, and a stand-in observed variable in the marginal model would
-    enter ``observed_data``, the log likelihood (``az.loo`` would run on it) and prior
+    PyMC 6.4's ``sample_posterior_predictive`` picks ``model.observed_RVs`` (and the
+    Deterministics depending on them) when `var_names` and `sample_vars` are None, and returns
+    an empty result, touching no variable, when there are none. Every model attribute it reads
+    before that is read by ``pm.sample`` too, and a stand-in observed variable in the marginal
+    model would enter ``observed_data``, the log likelihood (``az.loo`` would run on it) and prior
     predictive draws. So the check is a wrapper of the function, which calls PyMC's unchanged
     for every other model, installed once where PyMC exposes it (``pm``, ``pymc.sampling``,
     ``pymc.sampling.forward``).

@@ -14,8 +14,8 @@ node's own inputs, so the graph above them is shared, not copied.
 from __future__ import annotations
 
 from pytensor.compile import optdb
+from pytensor.compile.rewriting import inline_ofg_node
 from pytensor.graph.rewriting.basic import dfs_rewriter, node_rewriter
-from pytensor.graph.traversal import io_toposort
 from pytensor.tensor.basic import AllocDiag
 from pytensor.tensor.blockwise import Blockwise
 
@@ -27,12 +27,7 @@ INLINE_REWRITE = "pymc_optim_inline_alloc_diag"
 
 def inline_without_cloning_inputs(node):
     """The outputs of the OpFromGraph `node`, its inner graph rebuilt on ``node.inputs``."""
-    op = node.op
-    memo = dict(zip(op.inner_inputs, node.inputs, strict=True))
-    for inner in io_toposort(op.inner_inputs, op.inner_outputs):
-        new = inner.clone_with_new_inputs([memo.get(i, i) for i in inner.inputs])
-        memo.update(zip(inner.outputs, new.outputs, strict=True))
-    return [memo.get(out, out) for out in op.inner_outputs]
+    return inline_ofg_node(node)
 
 
 @node_rewriter([AllocDiag, Blockwise])
@@ -43,7 +38,7 @@ def _inline_alloc_diag(fgraph, node):
         unbatched = all(i.type.ndim == 1 for i in node.inputs)  # AllocDiag's core: a vector
         if not (isinstance(core, AllocDiag) and unbatched):
             return None
-        node = core.make_node(*node.inputs)
+        node = core(*node.inputs).owner
     return inline_without_cloning_inputs(node)
 
 

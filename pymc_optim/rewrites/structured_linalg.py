@@ -5,8 +5,9 @@ Latent Gaussian fields are structured: grouped random effects give block-diagona
 (Σ = Σ_t ⊗ Σ_s). A dense Cholesky, solve or determinant of such a matrix costs O(N³); through
 the factors it costs the factors' O(n³ + m³) (plus O(N(n + m)) to apply them) or G·O(b³).
 
-PyTensor 2.38 already lifts ``inv``/``pinv``/``cholesky`` through ``kron`` and ``block_diag``
-(``local_lift_through_linalg``, specialize phase only) and rewrites ``det`` of them. This module
+PyTensor already lifts ``inv``/``pinv``/``cholesky`` through ``kron`` and ``block_diag``
+(``lift_linalg_of_expanded_matrices``, specialize phase only), rewrites ``det`` of them and
+splits a solve with a block-diagonal matrix into block solves. This module
 adds, for A (n × n), B (m × m), N = n·m and ⊗ = ``pt.linalg.kron`` (row-major: the element
 (i·m + k) of a vector is X[i, k] of its (n, m) reshape, so (A ⊗ B) vec(X) = vec(A X Bᵀ)):
 

@@ -380,8 +380,9 @@ def _upstream_cases():
             return pmo.minimize_scalar(
                 built.output, built.x, bracket=problem.bracket, optimizer_kwargs=BRENT_KWARGS
             )
-        kwargs = {"bracket": problem.bracket, **BRENT_KWARGS}
-        return upstream.minimize_scalar(built.output, built.x, optimizer_kwargs=kwargs)
+        return upstream.minimize_scalar(
+            built.output, built.x, bracket=problem.bracket, optimizer_kwargs=BRENT_KWARGS
+        )
 
     def root_scalar_both(built, problem, ours):
         if ours:

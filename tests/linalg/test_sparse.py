@@ -369,7 +369,7 @@ def test_marginalize_laplace_sparse_matches_dense_and_recovers_latent():
 
     posterior = {"tau": np.full((1, 3), 1.2), "b": np.full((1, 3), 0.4)}
     idata = pmo.recover_latent(
-        sparse_model, az.from_dict(posterior=posterior), random_seed=3, progressbar=False
+        sparse_model, az.from_dict({"posterior": posterior}), random_seed=3, progressbar=False
     )
     assert idata.posterior["x"].shape == (1, 3, 36)
 
@@ -770,7 +770,7 @@ def test_recover_latent_visits_near_draws_in_turn_and_keeps_each_draw_in_place()
     marginal = pmo.marginalize_laplace(model, "x", hessian_structure="sparse")
     draws = {"tau": np.exp(rng.normal(0.2, 0.3, (2, 12))), "b": rng.normal(0.3, 0.2, (2, 12))}
     idata = pmo.recover_latent(
-        marginal, az.from_dict(posterior=draws), random_seed=7, progressbar=False
+        marginal, az.from_dict({"posterior": draws}), random_seed=7, progressbar=False
     )
     hyper = [draws[rv.name] for rv in marginal.free_RVs]
     from pymc_optim.model.laplace import (
@@ -947,7 +947,7 @@ def test_recover_latent_factorizes_once_per_draw_and_threads_keep_the_draws(monk
     draws = {}
     for cores in (1, 2):
         idata = pmo.recover_latent(
-            marginal, az.from_dict(posterior=posterior), random_seed=4, progressbar=False,
+            marginal, az.from_dict({"posterior": posterior}), random_seed=4, progressbar=False,
             cores=cores,
         )  # fmt: skip
         assert bool(idata.posterior["x_solved"].all())

@@ -222,7 +222,9 @@ def test_recover_latent_draws_are_kriged_onto_the_constraint():
     y = np.random.default_rng(6).normal(size=n)
     marginal = pmo.marginalize_laplace(icar_model(edges, y, "normal"), "phi")
     mu, sigma = 0.3, 0.8
-    idata = az.from_dict(posterior={"mu": np.full((1, m), mu), "sigma": np.full((1, m), sigma)})
+    idata = az.from_dict(
+        {"posterior": {"mu": np.full((1, m), mu), "sigma": np.full((1, m), sigma)}}
+    )
     idata = pmo.recover_latent(marginal, idata, random_seed=7, progressbar=False)
     draws = idata.posterior["phi"].values.reshape(m, n)
     assert np.abs(draws.sum(axis=1)).max() < 1e-10
@@ -239,7 +241,7 @@ def test_recover_latent_poisson_draws_satisfy_the_constraint_on_the_sparse_path(
     edges = chain_edges(n)
     y = np.random.default_rng(8).poisson(2.0, size=n)
     marginal = pmo.marginalize_laplace(icar_model(edges, y, "poisson"), "phi")
-    idata = az.from_dict(posterior={"mu": np.full((1, 3), 0.5), "sigma": np.full((1, 3), 0.7)})
+    idata = az.from_dict({"posterior": {"mu": np.full((1, 3), 0.5), "sigma": np.full((1, 3), 0.7)}})
     idata = pmo.recover_latent(marginal, idata, random_seed=1, progressbar=False)
     draws = idata.posterior["phi"].values[0]
     assert idata.posterior["phi_solved"].values.all()
@@ -312,7 +314,7 @@ def test_kriged_marginals_and_draws_under_numba_and_jax_equal_the_c_backend(mode
             fn.set_extra_values({})
         for g, w in zip(got(point), want(point), strict=True):
             np.testing.assert_allclose(g, w, rtol=0, atol=1e-8)
-    idata = az.from_dict(posterior={"mu": np.full((1, 3), 0.5), "sigma": np.full((1, 3), 0.7)})
+    idata = az.from_dict({"posterior": {"mu": np.full((1, 3), 0.5), "sigma": np.full((1, 3), 0.7)}})
     draws = {
         m: pmo.recover_latent(icar, idata, random_seed=1, progressbar=False, mode=m).posterior
         for m in (mode, None)

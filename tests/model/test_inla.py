@@ -272,7 +272,7 @@ def test_empirical_bayes_fixes_theta_at_the_mode():
     assert float(idata.posterior["x"].std("draw").min()) > 0.1
 
 
-# --- the InferenceData ----------------------------------------------------------------------------
+# --- the DataTree ---------------------------------------------------------------------------------
 def test_posterior_has_the_original_names_dims_and_coords():
     model = gaussian_model()
     idata = fitted("grid")
@@ -341,6 +341,12 @@ def test_plot_inla_marginals():
     _, one_axis = plt.subplots()
     with pytest.raises(ValueError, match=r"`ax` must hold one axis per plotted .* \(2: .* got 1"):
         pmo.plot_inla_marginals(idata, ax=one_axis)
+    without_inla = idata.copy()
+    del without_inla["inla"]
+    with pytest.raises(TypeError, match=r"`idata` of `plot_inla_marginals` .* \['posterior'\]"):
+        pmo.plot_inla_marginals(without_inla)
+    with pytest.raises(TypeError, match=r"`pmo.fit_inla` .* got a Dataset"):
+        pmo.plot_inla_marginals(idata.inla.to_dataset())
 
 
 def test_importance_weights_and_a_vector_hyperparameter():
@@ -379,8 +385,8 @@ def test_the_marginal_is_evaluated_point_by_point_as_documented():
     assert "x_centred" not in model.named_vars  # marginalize_laplace refuses it
     marginal = pmo.marginalize_laplace(model, "x")
     logp = marginal.compile_logp(jacobian=True)
-    points = idata.inla["points"].values[[0, len(idata.inla["point"]) // 2, -1]]
-    log_density = idata.inla["log_density"].values[[0, len(idata.inla["point"]) // 2, -1]]
+    points = idata.inla["points"].values[[0, idata.inla.sizes["point"] // 2, -1]]
+    log_density = idata.inla["log_density"].values[[0, idata.inla.sizes["point"] // 2, -1]]
     for point, value in zip(points, log_density, strict=True):
         assert_allclose(logp({"mu": point[0], "sigma_log__": point[1]}), value, rtol=1e-10)
 

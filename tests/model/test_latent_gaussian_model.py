@@ -189,7 +189,7 @@ def test_recover_latent_draws_from_the_latent_gaussian_laplace_approximation():
     variance = np.diag(covariance)
     shift = -0.5 * covariance @ (variance * np.exp(mode))
     for corrected, mean in ((True, mode + shift), (False, mode)):
-        idata = az.from_dict(posterior={"s": np.full((1, n_draws), s)})
+        idata = az.from_dict({"posterior": {"s": np.full((1, n_draws), s)}})
         idata = pmo.recover_latent(
             fast, idata, random_seed=2, progressbar=False, mean_correction=corrected
         )
@@ -368,7 +368,7 @@ def test_recover_latent_returns_the_gp_under_its_name(kind):
     mean = B @ beta
     variance = np.diag(B @ np.linalg.solve(hessian, B.T))
     idata = az.from_dict(
-        posterior={"ell": np.full((1, n_draws), ell), "eta": np.full((1, n_draws), eta)}
+        {"posterior": {"ell": np.full((1, n_draws), ell), "eta": np.full((1, n_draws), eta)}}
     )
     idata = pmo.recover_latent(
         marginal, idata, random_seed=3, progressbar=False, mean_correction=False

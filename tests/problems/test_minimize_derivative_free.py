@@ -93,7 +93,7 @@ def test_auto_uses_bfgs_silently_when_the_gradient_exists():
 def test_gradient_methods_refuse_an_objective_without_gradient(method):
     objective, x, _ = problem()
     with pytest.raises(ValueError, match=rf"`method` '{method}' needs the objective's gradient.*"
-                       r"grad not implemented.*'Nelder-Mead', 'Powell'.*'auto'"):  # fmt: skip
+                       r"pullback not implemented.*'Nelder-Mead', 'Powell'.*'auto'"):  # fmt: skip
         pmo.minimize(objective, x, x0=np.zeros(3), method=method)
 
 

@@ -20,7 +20,10 @@ from pymc_optim.rewrites.structured_linalg import TAG, structure_linalg
 ONLY_PYTENSOR = get_default_mode().excluding(TAG)
 #: Dense reference: neither these rewrites nor PyTensor's own Kronecker/block-diagonal ones.
 DENSE = ONLY_PYTENSOR.excluding(
-    "local_lift_through_linalg", "rewrite_det_kronecker", "rewrite_det_blockdiag"
+    "lift_linalg_of_expanded_matrices",
+    "det_of_kronecker",
+    "det_of_blockdiag",
+    "block_diag_solve_to_block_diag_solves",
 )
 N_A, N_B = 4, 3  # factor sizes: the Kronecker matrix is 12 × 12
 N = N_A * N_B
