@@ -7,6 +7,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytensor
 import pytest
 
 # One BLAS/OpenMP thread per process. The suite runs two xdist workers, and the documentation
@@ -15,6 +16,14 @@ import pytest
 # Set before the workers and kernels start, so they inherit it (a value already set is kept).
 for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_variable, "1")
+
+# The suite compiles in PyTensor's C backend unless PYMC_OPTIM_TEST_LINKER names another linker
+# ("numba" runs it in PyTensor 3's default): numba compiles each distinct graph to machine code
+# (seconds to a minute per solver loop with an empty cache), the C backend reuses one compiled
+# module per Op across graphs, and the suite's ~1,400 graphs fit CI's time only that way. The
+# numba and JAX paths are tested where tests select them (tests/backends/test_numba.py, the
+# `NUMBA`/`JAX` parametrizations), and the notebooks run in the default backend, as users do.
+pytensor.config.linker = os.environ.get("PYMC_OPTIM_TEST_LINKER", "cvm")
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))  # `from cases import ...` in every folder

@@ -4,9 +4,15 @@ PyMC's pre-gradient rewrites."""
 
 from __future__ import annotations
 
+from functools import partial
+
+import pytensor.tensor as pt
 from pymc.model.fgraph import ModelVar
+from pytensor import config
 from pytensor.compile.builders import OpFromGraph
+from pytensor.gradient import DisconnectedType, NullType, disconnected_type, grad
 from pytensor.graph.basic import Constant
+from pytensor.graph.op import io_connection_pattern
 from pytensor.graph.replace import graph_replace
 from pytensor.graph.traversal import ancestors
 from pytensor.tensor.variable import TensorVariable
@@ -62,7 +68,56 @@ def graphs_at_mode(expressions, z: TensorVariable, z_star) -> list[TensorVariabl
     ShapeFeature.
     """
     others = outer_inputs(expressions, exclude=[z])
+    inputs, outputs = [z, *others], list(expressions)
+    pattern = io_connection_pattern(inputs, outputs)
     op = OpFromGraph(
-        [z, *others], list(expressions), inline=True, on_unused_input="ignore", name="at_mode"
+        inputs,
+        outputs,
+        inline=True,
+        on_unused_input="ignore",
+        name="at_mode",
+        connection_pattern=pattern,
+        pullback=partial(_structural_pullback, pattern),
     )
     return op(z_star, *others, return_list=True)
+
+
+def _structural_pullback(pattern, inputs, outputs, output_grads):
+    """The inner graph's pullback, with a gradient for every input: zero where the input reaches
+    the outputs only through paths without a derivative (a Gaussian likelihood's Hessian reads
+    z's shape, not its values), undefined where the outputs' cotangents are.
+
+    PyTensor checks a pullback against the Op's connection pattern, which is structural, and
+    keeps the pattern of the graph as built when it rewrites the inner graph (`pattern`, given
+    here too); its own pullback then calls such an input disconnected and the gradient of the
+    whole model fails.
+    """
+    known = {
+        out: g
+        for out, g in zip(outputs, output_grads, strict=True)
+        if not isinstance(g.type, DisconnectedType | NullType)
+    }
+    if known:
+        grads = grad(
+            None,
+            wrt=list(inputs),
+            known_grads=known,
+            disconnected_inputs="ignore",
+            return_disconnected="disconnected",
+            null_gradients="return",
+        )
+    else:
+        grads = [disconnected_type() for _ in inputs]
+    out = []
+    for x, g, row in zip(inputs, grads, pattern, strict=True):
+        reached = [c for c, connected in zip(output_grads, row, strict=True) if connected]
+        live = [c for c in reached if not isinstance(c.type, DisconnectedType)]
+        if not reached:
+            out.append(disconnected_type())
+        elif live and all(isinstance(c.type, NullType) for c in live):
+            out.append(live[0])
+        elif isinstance(g.type, DisconnectedType):
+            out.append(pt.zeros(x.shape, dtype=config.floatX))
+        else:
+            out.append(g)
+    return out
