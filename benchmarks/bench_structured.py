@@ -12,9 +12,9 @@ exponential kernels (+ 10⁻³ jitter) of two lengthscales θ = (ℓ_t, ℓ_s), 
 ``pm.logp(pm.MvNormal.dist(mu=0, cov=pt.linalg.kron(K_t, K_s)), x)``. The timed function
 returns the log-density and its gradient with respect to θ and x. Rows:
 
-- **dense**: compiled with the rewrites of ``pymc_optim.rewrites.structured_linalg`` excluded, and
-  PyTensor's own Kronecker lifts too (``lift_linalg_of_expanded_matrices``): Cholesky of the 900 × 900
-  matrix, its gradient, triangular solves — O(N³).
+- **dense**: compiled with the rewrites of ``pymc_optim.rewrites.structured_linalg`` excluded,
+  and PyTensor's own Kronecker lifts too (``lift_linalg_of_expanded_matrices``): Cholesky of the
+  900 × 900 matrix, its gradient, triangular solves — O(N³).
 - **compile-time rewrites**: the same graph and gradient, default mode: the rewrites act on the
   already-differentiated graph (no decomposition of the 900 × 900 matrix remains, but the
   Cholesky gradient still forms (N, N) cotangents: O(N^2.5)).

@@ -11,10 +11,10 @@ import numpy as np
 import pymc as pm
 import pytensor
 import pytensor.tensor as pt
+from pytensor.conditional.op import ifelse
 from pytensor.gradient import grad
 from pytensor.graph.replace import graph_replace, vectorize_graph
 from pytensor.graph.traversal import ancestors
-from pytensor.conditional.op import ifelse
 from scipy.special import logsumexp
 
 from pymc_optim._modes import PYTHON_MODE
