@@ -1431,7 +1431,11 @@ def _guard_posterior_predictive() -> None:
     def sample_posterior_predictive(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)
         model = pm.modelcontext(bound.arguments.get("model"))
-        _check_posterior_predictive(model, bound.arguments.get("var_names"))
+        # var_names defaults to sample_vars when that is given
+        var_names = bound.arguments.get("var_names")
+        if var_names is None:
+            var_names = bound.arguments.get("sample_vars")
+        _check_posterior_predictive(model, var_names)
         return original(*args, **kwargs)
 
     sample_posterior_predictive._pymc_optim_laplace_guard = True

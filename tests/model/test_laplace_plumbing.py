@@ -300,7 +300,14 @@ def test_posterior_predictive_of_variables_the_marginal_model_has_still_works():
         predictive = pm.sample_posterior_predictive(
             idata, model=marginal, var_names=["mu_twice"], progressbar=False
         )
+        # PyMC's var_names defaults to sample_vars
+        by_sample_vars = pm.sample_posterior_predictive(
+            idata, model=marginal, sample_vars=["mu_twice"], progressbar=False
+        )
     assert_allclose(predictive.posterior_predictive["mu_twice"], 2 * idata.posterior["mu"])
+    assert_allclose(by_sample_vars.posterior_predictive["mu_twice"], 2 * idata.posterior["mu"])
+    with pytest.raises(NotImplementedError, match=r"`var_names` \['y'\] are not var"):
+        pm.sample_posterior_predictive(idata, model=marginal, sample_vars=["y"])
 
 
 @pytest.mark.slow
