@@ -41,6 +41,7 @@ from pytensor.raise_op import Assert
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_optim._warnings import PymcOptimWarning
+from pymc_optim.model._idata import require_group
 
 __all__ = [
     "ON_FAILURE",
@@ -260,14 +261,15 @@ def failure_summary(idata, *, threshold: float = 0.01, warn: bool = True):
     [0, 0]
     """
     import pandas as pd
-    import xarray as xr
 
-    if not isinstance(idata, xr.DataTree) or "sample_stats" not in idata.children:
-        raise TypeError(
-            "`idata` of `failure_summary` must be an xarray.DataTree with a `sample_stats` "
-            f"group (what `pm.sample` returns); got {_describe(idata)}. Pass the result of "
-            "`pm.sample` (with `step=pmo.CountingNUTS()` for the exact count of failed solves)."
-        )
+    require_group(
+        idata,
+        "sample_stats",
+        "failure_summary",
+        must_be="an xarray.DataTree with a `sample_stats` group (what `pm.sample` returns)",
+        fix="Pass the result of `pm.sample` (with `step=pmo.CountingNUTS()` for the exact "
+        "count of failed solves).",
+    )
     stats = idata.sample_stats
     n_chains, n_draws = stats.sizes["chain"], stats.sizes["draw"]
     has_count = FAILED_SOLVES_STAT in stats
@@ -300,15 +302,6 @@ def failure_summary(idata, *, threshold: float = 0.01, warn: bool = True):
     if warn:
         _warn_if_frequent(summary, has_count, threshold)
     return summary
-
-
-def _describe(idata) -> str:
-    """`idata`'s type, and its groups when it is a DataTree (for the error of a wrong `idata`)."""
-    import xarray as xr
-
-    if isinstance(idata, xr.DataTree):
-        return f"a DataTree with the groups {list(idata.children)}"
-    return f"a {type(idata).__name__}"
 
 
 def _warn_if_frequent(summary, has_count: bool, threshold: float) -> None:

@@ -23,6 +23,7 @@ from pymc_optim._warnings import PymcOptimWarning
 
 # fit_inla is built on laplace's plumbing: its marginal, start, warm starts and latent draws.
 from pymc_optim.model import laplace as _laplace
+from pymc_optim.model._idata import require_group
 from pymc_optim.model.laplace import LaplaceMarginal, marginalize_laplace
 
 __all__ = ["fit_inla", "plot_inla_marginals"]
@@ -338,18 +339,14 @@ def plot_inla_marginals(idata, var_names=None, *, ax=None, **plot_kwargs):
     2
     """
     import matplotlib.pyplot as plt
-    import xarray as xr
 
-    if not isinstance(idata, xr.DataTree) or "inla" not in idata.children:
-        got = (
-            f"a DataTree with the groups {list(idata.children)}"
-            if isinstance(idata, xr.DataTree)
-            else f"a {type(idata).__name__}"
-        )
-        raise TypeError(
-            "`idata` of `plot_inla_marginals` must be the xarray.DataTree returned by "
-            f"`pmo.fit_inla` (with an `inla` group); got {got}. Pass the result of `pmo.fit_inla`."
-        )
+    require_group(
+        idata,
+        "inla",
+        "plot_inla_marginals",
+        must_be="the xarray.DataTree returned by `pmo.fit_inla` (with an `inla` group)",
+        fix="Pass the result of `pmo.fit_inla`.",
+    )
     inla = idata.inla
     labels = [str(label) for label in inla["hyperparameter"].values]
     if isinstance(var_names, str):

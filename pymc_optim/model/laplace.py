@@ -44,6 +44,7 @@ from pymc_optim.linalg.latent_gaussian import LatentGaussianStructure
 from pymc_optim.linalg.sparse import SparseStructure
 from pymc_optim.linalg.structure import LinearStructure, _finite, as_linear_structure
 from pymc_optim.model._fgraph import graphs_at_mode, outer_inputs, replace_variables
+from pymc_optim.model._idata import require_group
 from pymc_optim.model.constraints import (
     constrained_logdet,
     constrained_mode,
@@ -547,20 +548,14 @@ def recover_latent(
     _check_mode(mode)
     if isinstance(cores, bool) or not isinstance(cores, int | np.integer) or cores < 1:
         raise ValueError(f"`cores` must be a positive integer; got {cores!r}.")
-    import xarray as xr
-
-    if not isinstance(idata, xr.DataTree) or "posterior" not in idata.children:
-        got = (
-            f"a DataTree with the groups {list(idata.children)}"
-            if isinstance(idata, xr.DataTree)
-            else f"a {type(idata).__name__}"
-        )
-        raise TypeError(
-            "`idata` of `recover_latent` must be an xarray.DataTree with a `posterior` group "
-            f"(what `pm.sample` returns); got {got}. For a MultiTrace, sample with "
-            "`return_inferencedata=True`; for a posterior Dataset `ds`, pass "
-            '`xr.DataTree.from_dict({"posterior": ds})`.'
-        )
+    require_group(
+        idata,
+        "posterior",
+        "recover_latent",
+        must_be="an xarray.DataTree with a `posterior` group (what `pm.sample` returns)",
+        fix="For a MultiTrace, sample with `return_inferencedata=True`; for a posterior "
+        'Dataset `ds`, pass `xr.DataTree.from_dict({"posterior": ds})`.',
+    )
     node = _laplace_node(marginal_model)
     rng = np.random.default_rng(random_seed)
     posterior = idata.posterior
