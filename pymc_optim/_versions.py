@@ -6,7 +6,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 __all__ = ["check_versions"]
 
-#: package -> (oldest supported version, next major)
+#: package -> the oldest supported (major, minor)
 REQUIRED = {"pymc": (6, 4), "pytensor": (3, 3), "arviz": (1, 3)}
 
 
@@ -18,6 +18,10 @@ def _release(text: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
+def _text(release: tuple[int, ...]) -> str:
+    return ".".join(map(str, release))
+
+
 def check_versions() -> None:
     """Raise ImportError naming every package whose installed version is older than required."""
     old = []
@@ -27,13 +31,14 @@ def check_versions() -> None:
         except PackageNotFoundError:
             continue  # the import itself says what is missing
         if _release(installed) < needed:
-            old.append(f"{name} {installed} (needs >= {'.'.join(map(str, needed))})")
+            old.append(f"{name} {installed} (needs >= {_text(needed)})")
     if old:
+        wanted = ", ".join(f"{name} >= {_text(needed)}" for name, needed in REQUIRED.items())
         raise ImportError(
-            "pymc_optim needs pymc >= 6.4, pytensor >= 3.3 and arviz >= 1.3 (Python >= 3.12); "
-            f"installed: {', '.join(old)}. Upgrade with `pip install -U 'pymc>=6.4'` in a "
-            "Python >= 3.12 environment. The last commit supporting pymc 5.28 / Python 3.11 is "
-            "named in the changelog."
+            f"pymc_optim needs {wanted} (Python >= 3.12); installed: {', '.join(old)}. Upgrade "
+            f"with `pip install -U 'pymc>={_text(REQUIRED['pymc'])}'` in a Python >= 3.12 "
+            "environment. The last commit supporting pymc 5.28 / Python 3.11 is named in the "
+            "changelog."
         )
 
 
