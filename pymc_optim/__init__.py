@@ -18,6 +18,7 @@ from pymc_optim.problems.minimize import minimize
 from pymc_optim.problems.minimize_scalar import minimize_scalar
 from pymc_optim.problems.root import root
 from pymc_optim.problems.root_scalar import root_scalar
+from pymc_optim.rewrites import blockwise_split as _blockwise_split  # noqa: F401  (registers it)
 from pymc_optim.rewrites import composite_inputs as _composite_inputs  # noqa: F401  (same)
 from pymc_optim.rewrites import scalar as _scalar  # noqa: F401  (registers the rewrite)
 from pymc_optim.rewrites import stack_trace as _stack_trace  # noqa: F401  (wraps a rewrite)

@@ -1,5 +1,6 @@
-"""The gradient of a concatenation, batched, is one Split (PyTensor 3 vectorizes Split when its
-sizes are not batched): in C, and under JAX, where a Blockwise{Split} does not run."""
+"""The gradient of a concatenation, batched, is one Split: in C, and under JAX, where a
+Blockwise{Split} does not run. PyTensor vectorizes a Split whose sizes have no batch dimensions;
+pymc_optim's rewrite takes those whose batch dimensions are broadcastable."""
 
 import numpy as np
 import pytensor
@@ -11,6 +12,7 @@ from pytensor.tensor.basic import Split
 from pytensor.tensor.blockwise import Blockwise
 
 import pymc_optim as pmo
+from pymc_optim.rewrites.blockwise_split import BLOCKWISE_SPLIT_REWRITE
 
 
 def _split_nodes(fn):
@@ -56,6 +58,11 @@ def test_a_batched_fixed_point_through_a_concatenation_runs_under_jax(method):
     A = pt.vector("A")
     outputs = vectorize_graph([x_star, pt.grad(x_star.sum(), a)], {a: A})
     a_val = np.array([0.1, 0.2])
+    # the sizes reach the Split broadcast to the batch, (1, 2): PyTensor's rule leaves it batched
+    unrewritten = pytensor.function(
+        [A], outputs, mode=pytensor.compile.get_default_mode().excluding(BLOCKWISE_SPLIT_REWRITE)
+    )
+    assert _split_nodes(unrewritten)[0] != []
     got = pytensor.function([A], outputs, mode="JAX")(a_val)
     expected = pytensor.function([A], outputs)(a_val)
     for g, e in zip(got, expected, strict=True):
