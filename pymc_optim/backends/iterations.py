@@ -89,8 +89,10 @@ def _newton(system, merit, z0, *, rows=None, **options):
 
     Each iteration evaluates `system` once at the full step z + d (its merit decides the step);
     only when that is rejected does it backtrack with `merit` and evaluate `system` again at
-    the accepted point; where the system is not finite there although the merit is (the two
-    graphs round apart at the edge of a parameter check), the backtracking goes on. With
+    the accepted point. A point where the system (merit, F or A) is not finite is a rejected
+    step: at the full step as in the backtracking, where the merit's graph and the system's
+    round apart at the edge of a parameter check, or A alone is NaN (a second derivative that
+    rounds to 0 · ∞ where the first does not). With
     several problems that check is made once every problem's search has found its point.
 
     One problem only (`rows` None), two options for a sequence of nearby solves (latent draws
@@ -143,6 +145,9 @@ def _newton_batch(system, merit, z, rows, *, structure, minimization, tol, max_i
     def finite(m, F):
         return np.isfinite(m) & np.isfinite(view(F)).all(axis=1)
 
+    def finite_system(m, F, A):
+        return finite(m, F) & per_problem(structure.finite_numpy(A), owner, n_problems)
+
     m, F, A = system(z)
     n_evaluations = np.ones(n_problems, dtype=np.int64)
     n_iterations = np.full(n_problems, max_iter, dtype=np.int64)
@@ -193,7 +198,7 @@ def _newton_batch(system, merit, z, rows, *, structure, minimization, tol, max_i
         z_full = z + d if running.all() else np.where(expand(running), z + d, z)
         m_full, F_full, A_full = system(z_full)
         n_evaluations += running
-        finite_full = finite(m_full, F_full)
+        finite_full = finite_system(m_full, F_full, A_full)
         accepted = running & finite_full & (m_full <= m + ARMIJO * slope)
         if minimization and not accepted.all():
             unseen = running & is_newton_step & unseen_decrease(slope, m)
@@ -225,9 +230,8 @@ def _newton_batch(system, merit, z, rows, *, structure, minimization, tol, max_i
             z_new = np.where(expand(running), z + expand(t) * d, z)
             m_new, F_new, A_new = system(z_new)
             n_evaluations += fresh
-            # the merit's graph and the system's round apart: a point where the merit is finite
-            # and the system is not (a parameter check on the edge) is a rejected step too
-            searching = fresh & ~finite(m_new, F_new)
+            # a point where the merit is finite and the system is not is a rejected step too
+            searching = fresh & ~finite_system(m_new, F_new, A_new)
             fresh = searching
             if not searching.any():
                 settled = True
@@ -307,7 +311,11 @@ def _newton_one(
         m_full = float(m_full[0])
         F_max_full = float(np.abs(F_full).max(initial=0.0))
         n_evaluations += 1
-        finite_full = math.isfinite(m_full) and math.isfinite(F_max_full)
+        finite_full = (
+            math.isfinite(m_full)
+            and math.isfinite(F_max_full)
+            and bool(structure.finite_numpy(A_full).all())
+        )
         accepted = finite_full and m_full <= m + ARMIJO * slope
         if minimization and not accepted and is_newton_step and unseen_decrease(slope, m):
             if not (finite_full and F_max_full < F_max):
@@ -330,9 +338,12 @@ def _newton_one(
             m_trial = float(m_trial[0])
             F_max_trial = float(np.abs(F_trial).max(initial=0.0))
             n_evaluations += 1
-            # a point where the merit's graph is finite and the system's, rounded apart, is not
-            # (a parameter check on the edge) is a rejected step too
-            if math.isfinite(m_trial) and math.isfinite(F_max_trial):
+            # a point where the merit is finite and the system is not is a rejected step too
+            if (
+                math.isfinite(m_trial)
+                and math.isfinite(F_max_trial)
+                and structure.finite_numpy(A_trial).all()
+            ):
                 break
         else:
             return result(False, iteration)
@@ -367,6 +378,7 @@ def _chord_steps(system, z, m, F, A, F_max, structure, reference, *, minimizatio
         F_max_new = float(np.abs(F_new).max(initial=0.0))
         n_evaluations += 1
         kept = math.isfinite(m_new) and F_max_new <= CHORD_CONTRACTION * F_max
+        kept = kept and bool(structure.finite_numpy(A_new).all())
         if kept and minimization:
             kept = m_new <= m + ARMIJO * slope or unseen_decrease(slope, m)
         if not kept:
@@ -399,10 +411,14 @@ def solve(structure, A, F):
 
 
 def positive_definite(structure, A, owner, n_problems):
-    """Per problem: whether its part of A is positive definite, from the structure's own test
-    (one flag per independent part of A: diagonal entry, block, or the whole matrix), each
-    part's flag given to the problem owning its first element."""
-    good = structure.positive_definite_numpy(A)
+    """Per problem: whether its part of A is positive definite, from the structure's own test."""
+    return per_problem(structure.positive_definite_numpy(A), owner, n_problems)
+
+
+def per_problem(good, owner, n_problems):
+    """Per problem: all its parts are `good` (one flag per independent part of A: diagonal
+    entry, block, or the whole matrix), each part's flag given to the problem owning its first
+    element."""
     out = np.ones(n_problems, dtype=bool)
     out[part_owner(owner, good.shape[0])[~good]] = False
     return out

@@ -104,11 +104,11 @@ def _jax_function(inputs, outputs):
     return jax_funcify(fgraph)
 
 
-def _positive_definite(positive_definite_fn, A, owner, n_problems):
-    """Per problem: its part of A is positive definite (`_iterations.positive_definite`), from
-    the structure's own test compiled to JAX: one flag per independent part of A, given to the
-    problem owning the part's first element."""
-    (good,) = positive_definite_fn(A)
+def _per_problem(test_fn, A, owner, n_problems):
+    """Per problem: its part of A passes a structure's own test of A compiled to JAX
+    (`_iterations.per_problem`): one flag per independent part of A, given to the problem owning
+    the part's first element."""
+    (good,) = test_fn(A)
     bad = (~good).astype(jnp.int32)
     part_owner = owner[:: owner.shape[0] // good.shape[0]]
     return jnp.zeros(n_problems, jnp.int32).at[part_owner].max(bad) == 0
@@ -145,13 +145,14 @@ def _newton_jax(op: NewtonOp, node=None, **kwargs):
                     _jax_function([*xs, *params], [merit, condition.flat_residual(), jacobian]),
                     _jax_function([*xs, *params], [merit]),
                     _jax_function([A_in], [condition.structure.positive_definite(A_in)]),
+                    _jax_function([A_in], [condition.structure.finite(A_in)]),
                 )
         return built[shapes]
 
     def newton(*inputs):
         """`_iterations.newton` as a ``while_loop``: the same per-problem decisions."""
         x0s, params = inputs[:n_controls], inputs[n_controls : n_controls + n_params]
-        system_fn, merit_fn, positive_definite_fn = inner_functions(
+        system_fn, merit_fn, positive_definite_fn, finite_fn = inner_functions(
             tuple(tuple(jnp.shape(v)) for v in inputs[: n_controls + n_params])
         )
         flat = Packer(x0s)
@@ -178,6 +179,9 @@ def _newton_jax(op: NewtonOp, node=None, **kwargs):
         def finite(m, F):
             return jnp.isfinite(m) & jnp.all(jnp.isfinite(F[rows]), axis=1)
 
+        def finite_system(m, F, A):
+            return finite(m, F) & _per_problem(finite_fn, A, owner, n_problems)
+
         def stop(state, which, ok, iteration, A):
             """End the problems in `which`, successful where `ok` (minimization: and where A
             is positive definite, factorized only when some problem needs it)."""
@@ -185,7 +189,7 @@ def _newton_jax(op: NewtonOp, node=None, **kwargs):
             if minimization:
                 ok = ok & jax.lax.cond(
                     jnp.any(which & ok),
-                    lambda: _positive_definite(positive_definite_fn, A, owner, n_problems),
+                    lambda: _per_problem(positive_definite_fn, A, owner, n_problems),
                     lambda: jnp.ones(n_problems, bool),
                 )
             return (
@@ -230,7 +234,7 @@ def _newton_jax(op: NewtonOp, node=None, **kwargs):
             z_full = jnp.where(running[owner], z + d, z)
             m_full, F_full, A_full = system(z_full)
             nfev = nfev + running
-            finite_full = finite(m_full, F_full)
+            finite_full = finite_system(m_full, F_full, A_full)
             accepted = running & finite_full & (m_full <= m + ARMIJO * slope)
             if minimization:
                 # the same rule as _iterations.unseen_decrease
@@ -241,30 +245,50 @@ def _newton_jax(op: NewtonOp, node=None, **kwargs):
             backtrack = flags[0] & ~accepted
 
             def ls_cond(ls):
-                k, _, _, searching, _ = ls
+                k, _, _, searching, *_ = ls
                 return (k < MAX_BACKTRACKS - 1) & jnp.any(searching)
 
             def ls_body(ls):
-                k, t, t_try, searching, nfev = ls
+                k, t, t_try, searching, fresh, nfev, system_new = ls
                 t_try = jnp.where(searching, 0.5 * t_try, t_try)
                 trial = merit(jnp.where(searching[owner], z + t_try[owner] * d, z))
                 nfev = nfev + searching
                 found = searching & (trial <= m + ARMIJO * t_try * slope)  # False for NaN
-                return k + 1, jnp.where(found, t_try, t), t_try, searching & ~found, nfev
+                t = jnp.where(found, t_try, t)
+                searching = searching & ~found
+
+                def check():
+                    """Every search has found its point: the system there, whose problems
+                    where it is not finite (though the merit is) search on."""
+                    m_new, F_new, A_new = system(jnp.where(running[owner], z + t[owner] * d, z))
+                    rejected = fresh & ~finite_system(m_new, F_new, A_new)
+                    return rejected, rejected, nfev + fresh, (m_new, F_new, A_new)
+
+                def search_on():
+                    return searching, fresh, nfev, system_new
+
+                searching, fresh, nfev, system_new = jax.lax.cond(
+                    jnp.any(searching), search_on, check
+                )
+                return k + 1, t, t_try, searching, fresh, nfev, system_new
 
             t0 = jnp.where(accepted, 1.0, 0.0)
-            ls = (0, t0, jnp.ones(n_problems), backtrack, nfev)
-            _, t, _, searching, nfev = jax.lax.while_loop(ls_cond, ls_body, ls)
+            fresh = backtrack  # problems whose point moves since the last system call
+            ls = (0, t0, jnp.ones(n_problems), backtrack, fresh, nfev, (m_full, F_full, A_full))
+            _, t, _, searching, fresh, nfev, system_new = jax.lax.while_loop(ls_cond, ls_body, ls)
+            settled = ~jnp.any(searching)
             flags = stop(flags, searching, jnp.zeros(n_problems, bool), it, A)
             stepped = flags[0] | accepted  # still running: accepted or backtracked
             z_new = jnp.where(stepped[owner], z + t[owner] * d, z)
             z_new = jnp.where(jnp.any(backtrack), z_new, jnp.where(accepted[owner], z_full, z))
 
             def evaluate():
+                # (the system at the point of a search ended early is checked at the next
+                # iteration's start, which fails it there)
                 return system(z_new)
 
-            m, F, A = jax.lax.cond(jnp.any(backtrack), evaluate, lambda: (m_full, F_full, A_full))
-            nfev = nfev + (backtrack & flags[0])
+            m, F, A = jax.lax.cond(jnp.any(backtrack) & ~settled, evaluate, lambda: system_new)
+            nfev = nfev + jnp.where(settled, False, fresh & flags[0])
             flags, z_new, d = checks(flags, z_new, m, F, A, it + 1)
             return it + 1, z_new, m, F, A, d, nfev, flags
 

@@ -196,15 +196,15 @@ def _stop(running, success, n_iterations, which, ok, iteration):
 
 
 @functools.cache
-def _positive_definite_function(structure: LinearStructure):
-    """Per problem: A positive definite (`_iterations.positive_definite`), from the structure's
-    own test (`LinearStructure.positive_definite`, one flag per independent part of A) compiled
-    by pytensor's numba backend; a part's flag goes to the problem owning its first element."""
+def _per_problem_function(structure: LinearStructure, test: str):
+    """Per problem: the structure's own test of A, `"positive_definite"` or `"finite"` (one flag
+    per independent part of A, `_iterations.per_problem`) compiled by pytensor's numba backend;
+    a part's flag goes to the problem owning its first element."""
     A = pt.tensor("A", dtype="float64", shape=(None,) * structure.compact_ndim)
-    flags_fn, key = _numba_function([A], [structure.positive_definite(A)])
+    flags_fn, key = _numba_function([A], [getattr(structure, test)(A)])
 
     @_njit
-    def positive_definite(A, owner, n_problems):
+    def per_problem(A, owner, n_problems):
         good = flags_fn(A)[0]
         width = owner.size // good.size
         out = np.ones(n_problems, dtype=np.bool_)
@@ -213,12 +213,20 @@ def _positive_definite_function(structure: LinearStructure):
                 out[owner[j * width]] = False
         return out
 
-    return positive_definite, key
+    return per_problem, key
 
 
 # --- the loops of `_iterations`, closed over the problem's compiled functions ---------------------
 def _newton_loop(
-    system, merit, solve, positive_definite, *, minimization: bool, tol: float, max_iter: int
+    system,
+    merit,
+    solve,
+    positive_definite,
+    finite_jacobian,
+    *,
+    minimization: bool,
+    tol: float,
+    max_iter: int,
 ):
     """`_iterations._newton`, decision for decision, on B stacked problems (``rows``)."""
 
@@ -273,6 +281,7 @@ def _newton_loop(
             m_full, F_full, A_full = system(z_full, args)
             n_evaluations += running
             finite_full = np.isfinite(m_full) & _rows_finite(F_full, rows)
+            finite_full = finite_full & finite_jacobian(A_full, owner, n_problems)
             accepted = running & finite_full & (m_full <= m + ARMIJO * slope)
             if minimization:
                 unseen = running & is_newton_step & (-slope <= ROUNDING * (1.0 + np.abs(m)))
@@ -305,7 +314,9 @@ def _newton_loop(
                 z_new = np.where(running[owner], z + t[owner] * d, z)
                 m_new, F_new, A_new = system(z_new, args)
                 n_evaluations += fresh
-                searching = fresh & ~(np.isfinite(m_new) & _rows_finite(F_new, rows))
+                finite_new = np.isfinite(m_new) & _rows_finite(F_new, rows)
+                finite_new = finite_new & finite_jacobian(A_new, owner, n_problems)
+                searching = fresh & ~finite_new
                 fresh = searching
                 if not np.any(searching):
                     settled = True
@@ -544,18 +555,21 @@ def _newton_numba(op: NewtonOp, node=None, **kwargs):
     )
     structure = condition.structure
     solve, solve_key = _solve_function(structure)
-    positive_definite, positive_definite_key = _positive_definite_function(structure)
+    positive_definite, positive_definite_key = _per_problem_function(structure, "positive_definite")
+    finite_jacobian, finite_key = _per_problem_function(structure, "finite")
     loop = _newton_loop(
         env["system"],
         env["merit"],
         solve,
         positive_definite,
+        finite_jacobian,
         minimization=bool(op.minimization),
         tol=float(op.tol),
         max_iter=int(op.max_iter),
     )
     options = (op.minimization, op.tol, op.max_iter, structure.kind, structure.block_size)
-    return _solver(op, env, src, loop, [*keys, solve_key, positive_definite_key], options)
+    keys = [*keys, solve_key, positive_definite_key, finite_key]
+    return _solver(op, env, src, loop, keys, options)
 
 
 @register_funcify_and_cache_key(FixedPointOp)

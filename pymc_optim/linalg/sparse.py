@@ -493,6 +493,12 @@ class StackedSparseStructure(SparseStructure):
     def positive_definite_numpy(self, A: np.ndarray) -> np.ndarray:
         return np.array([lx is not None for lx in self.pattern._factors(A)], dtype=bool)
 
+    def finite(self, A) -> TensorVariable:
+        return pt.all(_finite(A), axis=1)
+
+    def finite_numpy(self, A: np.ndarray) -> np.ndarray:
+        return np.isfinite(A).all(axis=1)
+
     @property
     def compact_ndim(self) -> int:
         return 2  # the values on the pattern, one row per problem

@@ -108,6 +108,16 @@ class LinearStructure:
         finite = pt.all(_finite(L), axis=(-2, -1))
         return finite if self.kind == "block_diagonal" else finite[None]
 
+    def finite(self, A: TensorVariable) -> TensorVariable:
+        """Whether A (compact form) has only finite entries, one boolean per independent part of
+        A, as `positive_definite` counts them. The Newton loops reject a trial point whose A is
+        not finite: its Newton step would be NaN."""
+        if self.kind == "diagonal":
+            return _finite(A)
+        if self.kind == "block_diagonal":
+            return pt.all(_finite(A), axis=(-2, -1))
+        return pt.all(_finite(A))[None]
+
     def sample_gaussian(self, mean, precision, noise) -> TensorVariable:
         """mean + P^{-1/2} ε: a draw of N(mean, P⁻¹) from standard normal `noise` (P = L Lᵀ,
         the draw solves Lᵀ v = ε)."""
@@ -133,6 +143,14 @@ class LinearStructure:
         if self.kind == "diagonal" and not np.all(A != 0):
             raise np.linalg.LinAlgError("singular diagonal system")
         return self.solve_array(A, rhs)
+
+    def finite_numpy(self, A: np.ndarray) -> np.ndarray:
+        """`finite` with numpy."""
+        if self.kind == "diagonal":
+            return np.isfinite(A)
+        if self.kind == "block_diagonal":
+            return np.isfinite(A).all(axis=(-2, -1))
+        return np.isfinite(A).all()[None]
 
     def positive_definite_numpy(self, A: np.ndarray) -> np.ndarray:
         """`positive_definite` with numpy (Cholesky per block), for the numpy Newton loop."""

@@ -115,3 +115,23 @@ def test_positive_definite_is_per_part_and_agrees_between_numpy_and_the_graph(mo
         A_in = pt.tensor("A", dtype="float64", shape=(None,) * structure.compact_ndim)
         fn = pytensor.function([A_in], structure.positive_definite(A_in), mode=mode)
         np.testing.assert_array_equal(np.asarray(fn(A)), truth, err_msg=str(structure))
+
+
+@pytest.mark.parametrize("mode", [None, "JAX", "NUMBA"])
+def test_finite_is_per_part_and_agrees_between_numpy_and_the_graph(mode):
+    """The test by which every Newton loop rejects a trial point whose A holds NaN or ±inf: one
+    flag per diagonal entry, per block, or for the whole dense A."""
+    if mode is not None:
+        pytest.importorskip(mode.lower())
+    for structure, A in _positive_definite_cases():
+        A = np.where(A == 0.0, np.inf, A) if structure.kind == "diagonal" else A
+        blocks = A if structure.kind == "block_diagonal" else A[None]
+        truth = (
+            np.isfinite(A)
+            if structure.kind == "diagonal"
+            else np.array([np.isfinite(b).all() for b in blocks])
+        )
+        np.testing.assert_array_equal(structure.finite_numpy(A), truth)
+        A_in = pt.tensor("A", dtype="float64", shape=(None,) * structure.compact_ndim)
+        fn = pytensor.function([A_in], structure.finite(A_in), mode=mode)
+        np.testing.assert_array_equal(np.asarray(fn(A)), truth, err_msg=str(structure))
