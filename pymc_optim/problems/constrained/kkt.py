@@ -39,6 +39,7 @@ import pytensor.tensor as pt
 from pytensor.gradient import grad, jacobian
 from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
+from pytensor.tensor.basic import Join
 from pytensor.tensor.blockwise import Blockwise
 from pytensor.tensor.variable import TensorVariable
 
@@ -217,7 +218,7 @@ class KKTStructure(LinearStructure):
         H = self.hessian.jacobian(gradient, [x])
         b = self.hessian_rows
         Hc = H[None, :] if b == 1 else H.transpose(2, 0, 1).reshape((b, -1))
-        J = jacobian(constraints, x, vectorize=True).reshape((constraints.shape[0], x.size))
+        J = _constraint_jacobian(constraints, x)
         return pt.concatenate([Hc, J.astype(Hc.dtype)], axis=0)
 
     def solve(self, A, rhs, *, transposed: bool, symmetric: bool = False) -> TensorVariable:
@@ -320,6 +321,16 @@ class KKTStructure(LinearStructure):
 
     def positive_definite_numpy(self, A: np.ndarray) -> np.ndarray:
         return np.array([True])
+
+
+def _constraint_jacobian(constraints, x) -> TensorVariable:
+    """∂c/∂x (m × n), the rows of each concatenated piece of c by their own reverse passes:
+    through the concatenation they would start from a Split of an identity, which PyTensor 3.3's
+    rewrites mis-broadcast once the solve is vectorized ("Runtime broadcasting not allowed")."""
+    owner = constraints.owner
+    pieces = owner.inputs if owner is not None and isinstance(owner.op, Join) else [constraints]
+    rows = [jacobian(c, x, vectorize=True).reshape((c.shape[0], x.size)) for c in pieces]
+    return rows[0] if len(rows) == 1 else pt.concatenate(rows, axis=0)
 
 
 class _BlockSolve(_FailSafeSolve):
