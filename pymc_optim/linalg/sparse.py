@@ -409,8 +409,14 @@ class SparseStructure(LinearStructure):
         """One boolean: A is positive definite (its sparse log-determinant is finite)."""
         return _finite(self.pattern.logdet(A))[None]
 
-    def positive_definite_numpy(self, A: np.ndarray) -> np.ndarray:
-        """One boolean: the numeric Cholesky factorization of A succeeds."""
+    def positive_definite_numpy(self, A: np.ndarray, margin: float = 0.0) -> np.ndarray:
+        """One boolean: the numeric Cholesky factorization of A − margin·I succeeds."""
+        if margin:
+            A = np.array(A, dtype=np.float64)
+            diagonal = np.flatnonzero(self.pattern.rows == self.pattern.cols)
+            # a duplicated diagonal entry is summed: the margin comes off its first copy only
+            _, first = np.unique(self.pattern.rows[diagonal], return_index=True)
+            A[diagonal[first]] -= margin
         return np.array([self.pattern._factor(A)[0] is not None])
 
     @property

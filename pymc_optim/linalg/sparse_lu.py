@@ -292,7 +292,7 @@ class SparseJacobianStructure(LinearStructure):
     def positive_definite(self, A) -> TensorVariable:
         return pt.ones((1,), dtype="bool")
 
-    def positive_definite_numpy(self, A: np.ndarray) -> np.ndarray:
+    def positive_definite_numpy(self, A: np.ndarray, margin: float = 0.0) -> np.ndarray:
         return np.array([True])
 
     @property

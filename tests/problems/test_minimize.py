@@ -419,3 +419,21 @@ def test_a_quartic_minimum_still_succeeds():
     x_value, ok = pytensor.function([c], [x_star, success])(0.2)
     assert ok
     assert_allclose(x_value, 0.2, atol=0.05)
+
+
+@pytest.mark.parametrize("n", [200, 300, 3000])
+def test_a_scipy_method_on_a_chain_coupled_objective_solves_with_the_default_structure(n):
+    """structure="auto" picks a sparse Hessian from n = 256 on; scipy's curvature test at x*
+    then takes H on its pattern (it read a matrix and turned the solution into NaN)."""
+    x, a = pt.vector("x"), pt.vector("a")
+    objective = ((x - a) ** 2).sum() + ((x[1:] - x[:-1]) ** 2).sum()
+    x_star, success = pmo.minimize(objective, x, x0=np.zeros(n), method="BFGS")
+    fn = pytensor.function([a], [x_star, success, pt.grad(x_star[0], a)])
+    a_val = np.sin(np.arange(n))
+    got, ok, gradient = fn(a_val)
+    # the stationarity condition by hand: (I + L) x = a, L the path graph's Laplacian
+    L = np.diag(np.r_[1.0, 2.0 * np.ones(n - 2), 1.0]) - np.eye(n, k=1) - np.eye(n, k=-1)
+    H = np.eye(n) + L
+    assert ok
+    assert_allclose(got, np.linalg.solve(H, a_val), atol=1e-4)  # BFGS's gtol 1e-5 on 2Hx − 2a
+    assert_allclose(gradient, np.linalg.solve(H, np.eye(n)[0]), atol=1e-10)  # ∂x₀/∂a = H⁻¹e₀
