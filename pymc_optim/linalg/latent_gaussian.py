@@ -50,15 +50,19 @@ from typing import ClassVar
 
 import numpy as np
 import pytensor.tensor as pt
+from pytensor.compile import optdb
 from pytensor.compile.builders import OpFromGraph
 from pytensor.conditional.op import ifelse
 from pytensor.gradient import DisconnectedType, grad
-from pytensor.graph.basic import Apply
+from pytensor.graph.basic import Apply, Constant
+from pytensor.graph.features import ReplaceValidate
 from pytensor.graph.op import Op
+from pytensor.graph.rewriting.basic import GraphRewriter
+from pytensor.graph.utils import InconsistencyError
 from pytensor.tensor.basic import Join
 from pytensor.tensor.elemwise import DimShuffle
 from pytensor.tensor.linalg import Cholesky
-from pytensor.tensor.variable import TensorConstant, TensorVariable
+from pytensor.tensor.variable import TensorVariable
 from scipy.linalg import lapack
 
 from pymc_optim.backends.deferred import after_import
@@ -474,6 +478,87 @@ def plus_diagonal(Q, w) -> TensorVariable:
     return _PLUS_DIAGONAL(Q, w)
 
 
+class MergeCopiedParts(GraphRewriter):
+    """The work on A done once: an application of `PlusDiagonal` or `BCholesky`, or of any Op
+    to what one of them computes (a factorization, a solve), is replaced by an earlier one of
+    the same Op whose inputs are the same graphs (`_same_graphs`), and so are those inputs.
+
+    The marginal's value, its gradient (PyMC clones the two apart) and the implicit pullback
+    each expand their own copy of the parts at the solution (`OptimalityCondition.jacobian_at`).
+    PyTensor's merge pass can leave such copies apart: a node queued to merge with another is
+    not looked at again when a merge of its inputs (constants, or a copy upstream) changes
+    them, and the queued merge is then dropped. A (or B's factor) was then formed and
+    factorized once per copy.
+    """
+
+    def add_requirements(self, fgraph):
+        fgraph.attach_feature(ReplaceValidate())
+
+    def apply(self, fgraph):
+        if not any(isinstance(n.op, PlusDiagonal | BCholesky) for n in fgraph.apply_nodes):
+            return
+        kept: dict = {}  # Op -> the nodes of it kept
+        derived: set = set()  # the variables A or B's factor enter
+        for node in fgraph.toposort():
+            if node not in fgraph.apply_nodes:
+                continue  # replaced by its twin
+            if not (
+                isinstance(node.op, PlusDiagonal | BCholesky)
+                or any(x in derived for x in node.inputs)
+            ):
+                continue
+            same_op = kept.setdefault(node.op, [])
+            twin = next((k for k in same_op if _same_graphs(node.inputs, k.inputs)), None)
+            if twin is not None:
+                # (of two equal graphs neither holds the other: the replacement makes no cycle)
+                pairs = [*zip(node.inputs, twin.inputs, strict=True)]
+                pairs = [(x, y) for x, y in pairs if x is not y]
+                pairs += list(zip(node.outputs, twin.outputs, strict=True))
+                try:
+                    fgraph.replace_all_validate(pairs, reason="merge_copied_parts")
+                    continue
+                except InconsistencyError:
+                    pass
+            same_op.append(node)
+            derived.update(node.outputs)
+
+
+# after the first merge passes (each copy's common parts are then one node), before canonicalize
+optdb.register(
+    "pmo_merge_copied_parts", MergeCopiedParts(), "fast_run", "fast_compile", position=0.7
+)
+
+
+def _same_graphs(xs, ys) -> bool:
+    """Whether each of `xs` is computed as the matching one of `ys`: the same variable, equal
+    constants, or the same output of nodes with equal Ops whose inputs are so."""
+    if len(xs) != len(ys):
+        return False
+    stack, seen = list(zip(xs, ys, strict=True)), set()
+    while stack:
+        x, y = stack.pop()
+        if x is y or (x, y) in seen:
+            continue
+        seen.add((x, y))
+        if x.type != y.type:
+            return False
+        if isinstance(x, Constant) or isinstance(y, Constant):
+            if not (isinstance(x, Constant) and x.equals(y)):
+                return False
+            continue
+        a, b = x.owner, y.owner
+        if (
+            a is None
+            or b is None
+            or a.op != b.op
+            or len(a.inputs) != len(b.inputs)
+            or a.outputs.index(x) != b.outputs.index(y)
+        ):
+            return False
+        stack.extend(zip(a.inputs, b.inputs, strict=True))
+    return True
+
+
 class CholeskyInverse(Op):
     """X = (L Lᵀ)⁻¹ from the lower Cholesky factor L, by LAPACK's ``potri`` (n³/3 + n³/3
     flops, against 2n³ for ``potrs`` with the identity); all NaN where L is not finite. Its
@@ -683,12 +768,12 @@ def _parts(A, *, joined_only: bool = False):
     themselves: a slice of the Join would be a new matrix to the graph, so K's Cholesky (and
     B's) would be computed again next to the prior's, and differentiated again."""
     owner = A.owner
-    if owner is not None and isinstance(owner.op, Join) and len(owner.inputs) == 3:
-        axis, K, row = owner.inputs
+    # (the Join's axis is a property of the Op, not an input)
+    if owner is not None and isinstance(owner.op, Join) and len(owner.inputs) == 2:
+        K, row = owner.inputs
         row_owner = row.owner
         if (
-            isinstance(axis, TensorConstant)
-            and int(axis.data) == 0
+            owner.op.axis == 0
             and K.type.ndim == 2
             and row_owner is not None
             and isinstance(row_owner.op, DimShuffle)

@@ -64,8 +64,10 @@ def graphs_at_mode(expressions, z: TensorVariable, z_star) -> list[TensorVariabl
     never finish with: without a ShapeFeature PyTensor's `local_zero_div` rebuilds 0 / x as
     alloc(0, shape(0 / x)), which holds the division again (a cycle with `local_shape_ground`).
     ``pm.NegativeBinomial``'s Hessian made ``logp_dlogp_function`` (and ``pm.sample``) hang.
-    Those rewrites do not enter an OpFromGraph; compiling inlines it first (fast_run), with a
-    ShapeFeature.
+    PyMC 6 rewrites an OpFromGraph's inner graph too (`pregrad_inner_graphs`); on this closed
+    graph of z and the model variables it finishes (the negative-binomial test in
+    ``tests/model/test_laplace.py`` turns a hang into a failure), and compiling inlines it
+    (fast_run) with a ShapeFeature.
     """
     others = outer_inputs(expressions, exclude=[z])
     inputs, outputs = [z, *others], list(expressions)

@@ -26,10 +26,14 @@ import pytensor
 import pytensor.scalar as ps
 import pytensor.tensor as pt
 from pymc.model.fgraph import fgraph_from_model, model_free_rv, model_from_fgraph
+from pymc.pytensorf import rewrite_pregrad
+from pytensor.compile.builders import OpFromGraph
 from pytensor.compile.ops import DeepCopyOp, ViewOp
+from pytensor.compile.rewriting import inline_ofg_node
 from pytensor.gradient import grad
+from pytensor.graph.basic import Constant
 from pytensor.graph.replace import graph_replace
-from pytensor.graph.traversal import ancestors, io_toposort
+from pytensor.graph.traversal import ancestors, graph_inputs, io_toposort
 from pytensor.tensor.basic import NotScalarConstantError, get_underlying_scalar_constant_value
 from pytensor.tensor.blockwise import Blockwise
 from pytensor.tensor.elemwise import DimShuffle, Elemwise
@@ -64,6 +68,9 @@ PRIOR_FORMS = {
 #: both are the same sums of products for a diagonal H_lik, so they agree to rounding (1e-16);
 #: an off-diagonal entry would have to cancel to this accuracy at two random points.
 DIAGONAL_RTOL = 1e-10
+#: Passes of PyMC's pre-gradient rewrites `_pregrad_form` makes at most: after two, the graphs
+#: of Poisson, binomial and negative binomial likelihoods' curvatures no longer changed.
+PREGRAD_PASSES = 4
 
 
 def latent_gaussian_structure(
@@ -214,7 +221,7 @@ def latent_gaussian_mode(objective, negative_likelihood, z, x0, prior, structure
         [grad(inner_objective, inner_z)],
         symmetric=True,
         structure=structure,
-        parts=(inner_matrix, curvature(inner_negative_likelihood, inner_z)),
+        parts=_pregrad_form([inner_matrix, curvature(inner_negative_likelihood, inner_z)]),
     )
     op = NewtonOp(
         problem,
@@ -250,7 +257,7 @@ def _covariance_mode(negative_likelihood, z, x0, prior, K, options):
         [residual],
         symmetric=False,
         structure=CovarianceConditionStructure(),
-        parts=(inner_K, likelihood_curvature(inner_negative_likelihood, inner_z)),
+        parts=_pregrad_form([inner_K, likelihood_curvature(inner_negative_likelihood, inner_z)]),
     )
     # ½‖G‖² as merit: the Newton direction descends it (slope −‖G‖²); G is not a gradient
     op = NewtonOp(
@@ -276,6 +283,30 @@ def _covariance_mode(negative_likelihood, z, x0, prior, K, options):
         - 0.5 * logdet_b(K_star, w_star)
     )
     return z_star, success, hessian, marginal
+
+
+def _pregrad_form(parts) -> tuple:
+    """`parts` (the condition's prior matrix and curvature) in a form PyMC's pre-gradient
+    rewrites (`rewrite_pregrad`) leave as it is: their OpFromGraph rewritten as PyMC rewrites
+    it, until a pass changes nothing (at most `PREGRAD_PASSES` passes).
+
+    A at the solution reaches the marginal and the implicit pullback through one OpFromGraph of
+    the parts (`OptimalityCondition.jacobian_at`). PyMC rewrites the inner graph of every
+    OpFromGraph in a log density before differentiating it, which makes a new Op of one whose
+    graph changes; the pullback, built after, applies the condition's own Op, and A was then
+    formed and factorized once for each. Parts in this form keep one Op, whose applications
+    merge.
+    """
+    inputs = [v for v in graph_inputs(parts) if not isinstance(v, Constant)]
+    op = OpFromGraph(inputs, list(parts), on_unused_input="ignore")
+    for _ in range(PREGRAD_PASSES):
+        inner = op.fgraph.unfreeze()
+        rewrite_pregrad(inner)
+        rewritten = op.clone_with_inner_graph(inner)
+        if rewritten == op:
+            break
+        op = rewritten
+    return tuple(inline_ofg_node(op.make_node(*inputs)))
 
 
 def resolve_gp_latents(model: pm.Model, latent):
