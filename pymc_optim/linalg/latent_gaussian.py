@@ -523,9 +523,14 @@ class MergeCopiedParts(GraphRewriter):
             derived.update(node.outputs)
 
 
-# after the first merge passes (each copy's common parts are then one node), before canonicalize
+# after the first merge passes (each copy's common parts are then one node), before canonicalize;
+# and again before elemwise fusion: canonicalize and specialize can make copies equal that
+# the merge feature then leaves apart, and fusion would compute both in one fused node
 optdb.register(
     "pmo_merge_copied_parts", MergeCopiedParts(), "fast_run", "fast_compile", position=0.7
+)
+optdb.register(
+    "pmo_merge_copied_parts_unfused", MergeCopiedParts(), "fast_run", "fast_compile", position=47.5
 )
 
 
@@ -841,6 +846,47 @@ def _register_jax() -> None:
         return cholesky_inverse
 
 
+#: The largest n whose (L Lᵀ)⁻¹ numba computes by `_cholesky_inverse_loops`. potrs with the
+#: identity (PyTensor's numba bindings have no potri) does 2n³ flops through OpenBLAS's threads;
+#: the loops do n³/3 in one thread, and were faster up to n = 400 on a busy machine
+#: (`benchmarks/bench_contention.py`).
+NUMBA_INVERSE_LOOPS_MAX = 512
+
+
+def _cholesky_inverse_loops(L):
+    """(L Lᵀ)⁻¹ for a finite lower-triangular L with a nonzero diagonal: the rows of R = L⁻¹ by
+    forward substitution (row i is (eᵢ − Σₖ<ᵢ Lᵢₖ Rₖ) / Lᵢᵢ), then the lower triangle of
+    Rᵀ R as a sum of the rows' outer products, mirrored. Every inner loop runs along a row.
+    Written for numba (`_register_numba` compiles it)."""
+    n = L.shape[0]
+    R = np.zeros((n, n))
+    for i in range(n):
+        r = R[i]
+        r[i] = 1.0
+        for k in range(i):
+            c = L[i, k]
+            if c != 0.0:
+                rk = R[k]
+                for j in range(k + 1):
+                    r[j] -= c * rk[j]
+        d = 1.0 / L[i, i]
+        for j in range(i + 1):
+            r[j] *= d
+    X = np.zeros((n, n))
+    for k in range(n):
+        rk = R[k]
+        for a in range(k + 1):
+            c = rk[a]
+            if c != 0.0:
+                xa = X[a]
+                for b in range(a + 1):
+                    xa[b] += c * rk[b]
+    for a in range(n):
+        for b in range(a):
+            X[b, a] = X[a, b]
+    return X
+
+
 def _register_numba() -> None:
     """BCholesky, PlusDiagonal and CholeskyInverse under NUMBA (nutpie's default backend),
     through the LAPACK routines PyTensor's own numba Cholesky calls; registered when PyTensor
@@ -849,6 +895,8 @@ def _register_numba() -> None:
     from pytensor.link.numba.dispatch import basic as numba_basic
     from pytensor.link.numba.dispatch.linalg.decomposition.cholesky import _cholesky
     from pytensor.link.numba.dispatch.linalg.solvers.cholesky import _cho_solve
+
+    inverse_loops = numba_basic.numba_njit(_cholesky_inverse_loops)
 
     @numba_basic.register_funcify_default_op_cache_key(BCholesky)
     def _numba_b_cholesky(op, node, **kwargs):
@@ -884,13 +932,16 @@ def _register_numba() -> None:
 
     @numba_basic.register_funcify_default_op_cache_key(CholeskyInverse)
     def _numba_cholesky_inverse(op, node, **kwargs):
-        # numba's LAPACK bindings in PyTensor have no potri: potrs with the identity
+        # numba's LAPACK bindings in PyTensor have no potri: potrs with the identity above
+        # NUMBA_INVERSE_LOOPS_MAX, loops below (they never enter OpenBLAS's thread pool)
         @numba_basic.numba_njit
         def cholesky_inverse(L):
             n = L.shape[0]
             if not np.all(np.isfinite(L)):
                 return np.full((n, n), np.nan)
-            return _cho_solve(L, np.eye(n), True, True)
+            if n > NUMBA_INVERSE_LOOPS_MAX:
+                return _cho_solve(L, np.eye(n), True, True)
+            return inverse_loops(L)
 
         return cholesky_inverse, 1
 

@@ -16,6 +16,7 @@ import pytest
 from numpy.testing import assert_allclose
 
 from pymc_optim.linalg.latent_gaussian import (
+    NUMBA_INVERSE_LOOPS_MAX,
     BCholesky,
     CovarianceConditionStructure,
     LatentGaussianStructure,
@@ -256,6 +257,23 @@ def test_cholesky_inverse_is_the_inverse_and_is_differentiable(case, mode):
     written = pt.linalg.inv(Lv @ Lv.T)
     want = pytensor.function([Lv], pytensor.grad((written * weights).sum(), Lv))(L)
     assert_allclose(got, np.tril(want), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, NUMBA_INVERSE_LOOPS_MAX, NUMBA_INVERSE_LOOPS_MAX + 1])
+def test_numba_cholesky_inverse_matches_lapack_on_both_sides_of_its_loop_limit(n):
+    """Under numba, (L Lᵀ)⁻¹ is computed by loops up to NUMBA_INVERSE_LOOPS_MAX and by potrs
+    above; both are the inverse to rounding (a few ulps times n for this well-conditioned A)."""
+    pytest.importorskip("numba")
+    rng = np.random.default_rng(n)
+    M = rng.normal(size=(n, n))
+    A = M @ M.T / max(n, 1) + np.eye(n)
+    Lv = pt.matrix("L")
+    fn = pytensor.function([Lv], cholesky_inverse(Lv), mode="NUMBA")
+    L = np.linalg.cholesky(A)
+    assert_allclose(fn(L), np.linalg.inv(A), rtol=0, atol=1e-12)
+    assert_allclose(fn(np.asfortranarray(L)), np.linalg.inv(A), rtol=0, atol=1e-12)
+    if n:
+        assert np.all(np.isnan(fn(np.where(np.eye(n, dtype=bool), np.inf, L))))
 
 
 @pytest.mark.parametrize("mode", [None, "JAX", "NUMBA"])

@@ -19,6 +19,7 @@ from numpy.testing import assert_allclose
 
 import pymc_optim as pmo
 from pymc_optim.backends.newton import NewtonOp
+from pymc_optim.datasets.finland import finland_model
 from pymc_optim.linalg.latent_gaussian import (
     CovarianceConditionStructure,
     LatentGaussianStructure,
@@ -308,6 +309,41 @@ def test_gp_latent_named_by_its_deterministic_is_marginalized_in_the_covariance_
     rotated_fn = _sampler_function(rotated)
     assert _newton_structures(rotated_fn) == [basis]
     _assert_same_marginal(rotated_fn, fn, GP_POINTS)
+
+
+@pytest.mark.parametrize(
+    ("data", "compiled_by"),
+    [
+        ("gp", "pymc"),
+        ("gp", "nutpie"),
+        ("finland", "pymc"),
+        ("finland", "nutpie"),
+        ("finland", "compile_fn"),
+    ],
+)
+def test_numba_compiles_a_gp_marginal_with_one_solve_and_one_factorization(data, compiled_by):
+    """Under numba (PyTensor's default backend) the value, its gradient and the pullback share
+    one solve, B's factor and B⁻¹, as in C, in the logp+gradient `pm.sample` compiles, the one
+    nutpie compiles, and `model.compile_fn([logp(), dlogp()])` on the Finland marginal: there
+    canonicalize and specialize make the value's and the gradient's copies of B equal only
+    after the merge passes."""
+    pytest.importorskip("numba")
+    if data == "gp":
+        marginal = pmo.marginalize_laplace(_gp_model("latent"), "f")
+    else:
+        marginal = pmo.marginalize_laplace(finland_model(), "theta")
+    if compiled_by == "pymc":
+        step = pm.NUTS(model=marginal, compile_kwargs={"mode": "NUMBA"})
+        fgraph = step._logp_dlogp_func._pytensor_function.maker.fgraph
+    elif compiled_by == "nutpie":
+        nutpie = pytest.importorskip("nutpie")
+        fgraph = nutpie.compile_pymc_model(marginal).logp_func.maker.fgraph
+    else:
+        fn = marginal.compile_fn([marginal.logp(), marginal.dlogp()], mode="NUMBA")
+        fgraph = fn.f.maker.fgraph
+    ops = [type(node.op).__name__ for node in fgraph.toposort()]
+    assert [ops.count(name) for name in ("NewtonOp", "BCholesky", "CholeskyInverse")] == [1, 1, 1]
+    assert ops.count("Cholesky") == 0
 
 
 @pytest.mark.parametrize("name", ["f", "f_hsgp_coeffs"])
