@@ -46,6 +46,8 @@ from __future__ import annotations
 import functools
 import importlib.util
 from dataclasses import dataclass
+from hashlib import sha256
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -63,7 +65,7 @@ from pytensor.tensor.basic import Join
 from pytensor.tensor.elemwise import DimShuffle
 from pytensor.tensor.linalg import Cholesky
 from pytensor.tensor.variable import TensorVariable
-from scipy.linalg import lapack
+from scipy.linalg import lapack, solve_triangular
 
 from pymc_optim.backends.deferred import after_import
 from pymc_optim.linalg.structure import LinearStructure, _finite
@@ -612,6 +614,44 @@ def cholesky_inverse(L) -> TensorVariable:
     return _CHOLESKY_INVERSE(L)
 
 
+class LowerSolve(Op):
+    """X = L⁻¹ M for a lower-triangular L and a matrix M, by ``trsm``; under numba by
+    `_lower_solve_loops` up to n = NUMBA_LOOPS_MAX (PyTensor's triangular solve goes
+    through OpenBLAS's threads, which slowed it many-fold on a busy machine). Its gradient:
+    M̄ = L⁻ᵀ X̄, L̄ = −tril(M̄ Xᵀ)."""
+
+    __props__ = ()
+
+    def make_node(self, L, M):
+        L = pt.as_tensor_variable(L).astype("float64")
+        M = pt.as_tensor_variable(M).astype("float64")
+        if L.type.ndim != 2 or M.type.ndim != 2:
+            raise TypeError(f"LowerSolve takes two matrices L and M; got {L.type}, {M.type}.")
+        return Apply(self, [L, M], [pt.matrix(dtype="float64", shape=M.type.shape)])
+
+    def perform(self, node, inputs, output_storage):
+        L, M = inputs
+        output_storage[0][0] = solve_triangular(L, M, lower=True, check_finite=False)
+
+    def infer_shape(self, node, shapes):
+        return [shapes[1]]
+
+    def pullback(self, inputs, outputs, output_grads):
+        L, _ = inputs
+        (X,) = outputs
+        (G,) = output_grads
+        M_bar = pt.linalg.solve_triangular(L.mT, G, lower=False, b_ndim=2)
+        return [-pt.tril(M_bar @ X.mT), M_bar]
+
+
+_LOWER_SOLVE = LowerSolve()
+
+
+def lower_solve(L, M) -> TensorVariable:
+    """L⁻¹ M for a lower-triangular L and a matrix M (`LowerSolve`)."""
+    return _LOWER_SOLVE(L, M)
+
+
 def covariance_solve(K, L, b):
     """K⁻¹ b from the lower Cholesky factor L of K, differentiated as a function of K alone.
 
@@ -729,7 +769,7 @@ def _logdet_b_op() -> OpFromGraph:
         R = s[:, None] * B_inv * s[None, :]
         # diag(K R K) = diag(Vᵀ V), V = L⁻¹ S K: one triangular solve with n right-hand sides
         # (n³ flops) instead of the product K R (2n³)
-        V = pt.linalg.solve_triangular(L, s[:, None] * K, lower=True, b_ndim=2)
+        V = lower_solve(L, s[:, None] * K)
         return [g * R, g * (pt.diagonal(K) - (V * V).sum(axis=0))]
 
     return OpFromGraph(
@@ -809,8 +849,8 @@ def _cho_solve_numpy(L: np.ndarray, rhs: np.ndarray) -> np.ndarray:
 
 
 def _register_jax() -> None:
-    """BCholesky, PlusDiagonal and CholeskyInverse under JAX (registered when PyTensor first
-    imports its JAX dispatch)."""
+    """BCholesky, PlusDiagonal, CholeskyInverse and LowerSolve under JAX (registered when
+    PyTensor first imports its JAX dispatch)."""
     from pytensor.link.jax.dispatch import jax_funcify
 
     @jax_funcify.register(BCholesky)
@@ -845,12 +885,22 @@ def _register_jax() -> None:
 
         return cholesky_inverse
 
+    @jax_funcify.register(LowerSolve)
+    def _jax_lower_solve(op, **kwargs):
+        from jax.scipy.linalg import solve_triangular as jax_solve_triangular
 
-#: The largest n whose (L Lᵀ)⁻¹ numba computes by `_cholesky_inverse_loops`. potrs with the
-#: identity (PyTensor's numba bindings have no potri) does 2n³ flops through OpenBLAS's threads;
-#: the loops do n³/3 in one thread, and were faster up to n = 400 on a busy machine
+        def lower_solve(L, M):
+            return jax_solve_triangular(L, M, lower=True)
+
+        return lower_solve
+
+
+#: The largest n for which numba computes (L Lᵀ)⁻¹ and L⁻¹ M by loops in one thread
+#: (`_cholesky_inverse_loops`, `_lower_solve_loops`) rather than by LAPACK through OpenBLAS's
+#: thread pool: potrs with the identity (PyTensor's numba bindings have no potri) does 2n³ flops
+#: where the loops do n³/3, and a threaded call waits for a descheduled thread on a busy machine
 #: (`benchmarks/bench_contention.py`).
-NUMBA_INVERSE_LOOPS_MAX = 512
+NUMBA_LOOPS_MAX = 512
 
 
 def _cholesky_inverse_loops(L):
@@ -887,16 +937,42 @@ def _cholesky_inverse_loops(L):
     return X
 
 
+def _lower_solve_loops(L, M):
+    """L⁻¹ M for a lower-triangular L with a nonzero diagonal, row by row (row i of the result
+    is (Mᵢ − Σₖ<ᵢ Lᵢₖ Xₖ) / Lᵢᵢ): every inner loop runs along a row. Written for numba."""
+    n, m = M.shape
+    X = np.empty((n, m))
+    for i in range(n):
+        x = X[i]
+        for j in range(m):
+            x[j] = M[i, j]
+        for k in range(i):
+            c = L[i, k]
+            if c != 0.0:
+                xk = X[k]
+                for j in range(m):
+                    x[j] -= c * xk[j]
+        d = 1.0 / L[i, i]
+        for j in range(m):
+            x[j] *= d
+    return X
+
+
 def _register_numba() -> None:
-    """BCholesky, PlusDiagonal and CholeskyInverse under NUMBA (nutpie's default backend),
-    through the LAPACK routines PyTensor's own numba Cholesky calls; registered when PyTensor
-    first imports its numba dispatch. Without it numba ran these Ops in object mode, a Python
-    call per evaluation."""
+    """BCholesky, PlusDiagonal, CholeskyInverse and LowerSolve under NUMBA (nutpie's default
+    backend), by loops or the LAPACK routines PyTensor's own numba linear algebra calls;
+    registered when PyTensor first imports its numba dispatch. Without it numba ran these Ops
+    in object mode, a Python call per evaluation."""
     from pytensor.link.numba.dispatch import basic as numba_basic
     from pytensor.link.numba.dispatch.linalg.decomposition.cholesky import _cholesky
     from pytensor.link.numba.dispatch.linalg.solvers.cholesky import _cho_solve
+    from pytensor.link.numba.dispatch.linalg.solvers.triangular import _solve_triangular
 
     inverse_loops = numba_basic.numba_njit(_cholesky_inverse_loops)
+    solve_loops = numba_basic.numba_njit(_lower_solve_loops)
+    # numba's disk cache keys these by the Op's type and props: the salt, this file's hash,
+    # makes an edited implementation a new entry rather than a stale hit
+    salt = int(sha256(Path(__file__).read_bytes()).hexdigest()[:15], 16)
 
     @numba_basic.register_funcify_default_op_cache_key(BCholesky)
     def _numba_b_cholesky(op, node, **kwargs):
@@ -917,7 +993,7 @@ def _register_numba() -> None:
                 return np.full((n, n), np.nan)
             return L
 
-        return b_cholesky, 1
+        return b_cholesky, salt
 
     @numba_basic.register_funcify_default_op_cache_key(PlusDiagonal)
     def _numba_plus_diagonal(op, node, **kwargs):
@@ -928,22 +1004,30 @@ def _register_numba() -> None:
                 A[i, i] += w[i]
             return A
 
-        return plus_diagonal, 1
+        return plus_diagonal, salt
 
     @numba_basic.register_funcify_default_op_cache_key(CholeskyInverse)
     def _numba_cholesky_inverse(op, node, **kwargs):
-        # numba's LAPACK bindings in PyTensor have no potri: potrs with the identity above
-        # NUMBA_INVERSE_LOOPS_MAX, loops below (they never enter OpenBLAS's thread pool)
         @numba_basic.numba_njit
         def cholesky_inverse(L):
             n = L.shape[0]
             if not np.all(np.isfinite(L)):
                 return np.full((n, n), np.nan)
-            if n > NUMBA_INVERSE_LOOPS_MAX:
+            if n > NUMBA_LOOPS_MAX:
                 return _cho_solve(L, np.eye(n), True, True)
             return inverse_loops(L)
 
-        return cholesky_inverse, 1
+        return cholesky_inverse, salt
+
+    @numba_basic.register_funcify_default_op_cache_key(LowerSolve)
+    def _numba_lower_solve(op, node, **kwargs):
+        @numba_basic.numba_njit
+        def lower_solve(L, M):
+            if L.shape[0] > NUMBA_LOOPS_MAX:
+                return _solve_triangular(L, M, True, False, False)
+            return solve_loops(L, M)
+
+        return lower_solve, salt
 
 
 if importlib.util.find_spec("jax") is not None:

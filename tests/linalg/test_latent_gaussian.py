@@ -16,13 +16,14 @@ import pytest
 from numpy.testing import assert_allclose
 
 from pymc_optim.linalg.latent_gaussian import (
-    NUMBA_INVERSE_LOOPS_MAX,
+    NUMBA_LOOPS_MAX,
     BCholesky,
     CovarianceConditionStructure,
     LatentGaussianStructure,
     cholesky_inverse,
     covariance_solve,
     logdet_b,
+    lower_solve,
     plus_diagonal,
 )
 
@@ -259,9 +260,9 @@ def test_cholesky_inverse_is_the_inverse_and_is_differentiable(case, mode):
     assert_allclose(got, np.tril(want), rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("n", [0, 1, 7, NUMBA_INVERSE_LOOPS_MAX, NUMBA_INVERSE_LOOPS_MAX + 1])
+@pytest.mark.parametrize("n", [0, 1, 7, NUMBA_LOOPS_MAX, NUMBA_LOOPS_MAX + 1])
 def test_numba_cholesky_inverse_matches_lapack_on_both_sides_of_its_loop_limit(n):
-    """Under numba, (L Lᵀ)⁻¹ is computed by loops up to NUMBA_INVERSE_LOOPS_MAX and by potrs
+    """Under numba, (L Lᵀ)⁻¹ is computed by loops up to NUMBA_LOOPS_MAX and by potrs
     above; both are the inverse to rounding (a few ulps times n for this well-conditioned A)."""
     pytest.importorskip("numba")
     rng = np.random.default_rng(n)
@@ -274,6 +275,40 @@ def test_numba_cholesky_inverse_matches_lapack_on_both_sides_of_its_loop_limit(n
     assert_allclose(fn(np.asfortranarray(L)), np.linalg.inv(A), rtol=0, atol=1e-12)
     if n:
         assert np.all(np.isnan(fn(np.where(np.eye(n, dtype=bool), np.inf, L))))
+
+
+@pytest.mark.parametrize("mode", [None, "JAX", "NUMBA"])
+def test_lower_solve_is_the_triangular_solve_and_is_differentiable(case, mode):
+    if mode is not None:
+        pytest.importorskip(mode.lower())
+    K, _, _ = case
+    L = np.linalg.cholesky(K)
+    M = np.arange(N * 3, dtype=float).reshape(N, 3) - 4.0
+    Lv, Mv = pt.matrix("L"), pt.matrix("M")
+    X = lower_solve(Lv, Mv)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*object mode.*LowerSolve")
+        fn = pytensor.function([Lv, Mv], X, mode=mode)
+        assert_allclose(fn(L, M), np.linalg.solve(L, M), rtol=1e-12, atol=1e-13)
+        assert_allclose(fn(np.asfortranarray(L), M), np.linalg.solve(L, M), rtol=1e-12, atol=1e-13)
+    weights = np.arange(N * 3).reshape(N, 3) / N
+    written = pt.linalg.solve_triangular(Lv, Mv, lower=True, b_ndim=2)
+    got = pytensor.function([Lv, Mv], pytensor.grad((X * weights).sum(), [Lv, Mv]))(L, M)
+    want = pytensor.function([Lv, Mv], pytensor.grad((written * weights).sum(), [Lv, Mv]))(L, M)
+    assert_allclose(got[0], np.tril(want[0]), rtol=1e-10, atol=1e-12)
+    assert_allclose(got[1], want[1], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("n", [1, 7, NUMBA_LOOPS_MAX, NUMBA_LOOPS_MAX + 1])
+def test_numba_lower_solve_matches_lapack_on_both_sides_of_its_loop_limit(n):
+    pytest.importorskip("numba")
+    rng = np.random.default_rng(n)
+    A = rng.normal(size=(n, n))
+    L = np.linalg.cholesky(A @ A.T / n + np.eye(n))
+    M = rng.normal(size=(n, 4))
+    Lv, Mv = pt.matrix("L"), pt.matrix("M")
+    fn = pytensor.function([Lv, Mv], lower_solve(Lv, Mv), mode="NUMBA")
+    assert_allclose(fn(L, M), np.linalg.solve(L, M), rtol=0, atol=1e-11)
 
 
 @pytest.mark.parametrize("mode", [None, "JAX", "NUMBA"])
