@@ -8,7 +8,8 @@ that in the default (numba) backend:
 
 * cases: the Finland GP marginal (`pmo.marginalize_laplace(finland_model(), "theta")`,
   n = 100 latent values, a dense covariance form) and the Poisson random-intercept marginal at
-  G = 300 (diagonal Hessian), each's logp+gradient as `pm.sample` compiles it
+  G = 300 (diagonal Hessian) and `bench_sparse_laplace.py`'s ICAR field on a 100 × 100 grid
+  (sparse Hessian, N = 10⁴), each's logp+gradient as `pm.sample` compiles it
   (`model.logp_dlogp_function`), at the initial point;
 * conditions: a quiet machine, and one other CPU-bound process (a Python busy loop started by
   this script, ended when the case is measured); each with ``OPENBLAS_NUM_THREADS`` unset
@@ -32,7 +33,7 @@ import subprocess
 import sys
 import time
 
-CASES = ("finland", "poisson300")
+CASES = ("finland", "poisson300", "icar100")
 
 
 def _model(case: str):
@@ -45,6 +46,11 @@ def _model(case: str):
         from pymc_optim.datasets.finland import finland_model
 
         return pmo.marginalize_laplace(finland_model(), "theta")
+    if case == "icar100":
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from bench_sparse_laplace import model_for
+
+        return pmo.marginalize_laplace(model_for(100)[0], "phi")
     rng = np.random.default_rng(1)
     groups = 300
     group = np.repeat(np.arange(groups), 5)

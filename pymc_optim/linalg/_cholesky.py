@@ -29,6 +29,9 @@ factorization.
 
 from __future__ import annotations
 
+import ctypes
+import functools
+
 import numpy as np
 
 try:
@@ -78,6 +81,41 @@ def _lapack_symbols():
 
 if numba is not None:
     _dpotrf, _dtrsm = _lapack_symbols()
+
+
+def _blas_thread_setter():
+    """OpenBLAS's ``openblas_set_num_threads_local`` for the BLAS the kernels call (scipy's,
+    through `scipy.linalg.cython_blas`), or None where that BLAS does not have it (another BLAS,
+    or OpenBLAS before 0.3.27)."""
+    try:
+        import scipy.linalg.cython_blas as blas
+
+        setter = ctypes.CDLL(blas.__file__).openblas_set_num_threads_local
+    except (OSError, AttributeError):
+        return None
+    setter.restype, setter.argtypes = ctypes.c_int, [ctypes.c_int]
+    return setter
+
+
+_SET_BLAS_THREADS = _blas_thread_setter()
+
+
+def _one_blas_thread(function):
+    """`function` with the calling thread's BLAS and LAPACK calls on one thread. Its blocks
+    gain nothing measurable from OpenBLAS's threads, and a threaded call waits for a thread
+    the OS has descheduled when another process or chain is busy (benchmarks/README.md)."""
+    if _SET_BLAS_THREADS is None:
+        return function
+
+    @functools.wraps(function)
+    def on_one_thread(*args, **kwargs):
+        previous = _SET_BLAS_THREADS(1)
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _SET_BLAS_THREADS(previous)
+
+    return on_one_thread
 
 
 def require_backend() -> None:
@@ -315,6 +353,7 @@ def _relaxed_supernodes(sn_start, parent, column_counts):
     return sn_start[keep]
 
 
+@_one_blas_thread
 def factorize(symbolic: Symbolic, values: np.ndarray) -> tuple[np.ndarray, int]:
     """Numeric factor L in the supernodal block layout (the representation every other function
     here takes); second output the failing pivot (-1 when SPD). Supernodal: dense blocks, each
@@ -365,6 +404,7 @@ def _unpermuted(symbolic: Symbolic, y: np.ndarray, shape) -> np.ndarray:
     return out.reshape(shape)
 
 
+@_one_blas_thread
 def solve(symbolic: Symbolic, x: np.ndarray, b: np.ndarray) -> np.ndarray:
     """A⁻¹ b for b of shape (n,) or (n, k)."""
     y = _permuted(symbolic, b)
@@ -373,6 +413,7 @@ def solve(symbolic: Symbolic, x: np.ndarray, b: np.ndarray) -> np.ndarray:
     return _unpermuted(symbolic, y, b.shape)
 
 
+@_one_blas_thread
 def sample(symbolic: Symbolic, x: np.ndarray, z: np.ndarray) -> np.ndarray:
     """Pᵀ L⁻ᵀ z: for z ~ N(0, I) (shape (n,) or (n, k)) a draw from N(0, A⁻¹)."""
     # a copy: the solve works in place, and z (an Op's input) must not change
@@ -381,6 +422,7 @@ def sample(symbolic: Symbolic, x: np.ndarray, z: np.ndarray) -> np.ndarray:
     return _unpermuted(symbolic, y, z.shape)
 
 
+@_one_blas_thread
 def forward_permuted(symbolic: Symbolic, x: np.ndarray, u: np.ndarray) -> np.ndarray:
     """L⁻¹ P u, the adjoint of :func:`sample` (u of shape (n,) or (n, k))."""
     y = _permuted(symbolic, u)
@@ -388,6 +430,7 @@ def forward_permuted(symbolic: Symbolic, x: np.ndarray, u: np.ndarray) -> np.nda
     return y.reshape(u.shape)
 
 
+@_one_blas_thread
 def selected_inverse(symbolic: Symbolic, x: np.ndarray) -> np.ndarray:
     """(A⁻¹)_ij at every user entry (i, j) of the pattern: the Takahashi recurrences on L's
     supernodes, dense products on each block (see `_selinv_supernodal`)."""

@@ -160,3 +160,22 @@ def test_block_solves_logdet_and_draws_match_dense_algebra(case):
             _cholesky.forward_permuted(s, x, b), np.linalg.solve(L, b[s.perm]), rtol=1e-10,
             atol=1e-12,
         )  # fmt: skip
+
+
+def test_kernels_make_their_blas_calls_on_one_thread_and_restore_the_setting():
+    """The factorization, solves, draws and selected inverse set the calling thread's OpenBLAS
+    thread count to 1 while they run, and give back the count they found."""
+    set_threads = _cholesky._SET_BLAS_THREADS
+    if set_threads is None:
+        pytest.skip("scipy's BLAS has no openblas_set_num_threads_local")
+    seen = []
+    wrapped = _cholesky._one_blas_thread(lambda: seen.append(set_threads(1)))
+    before = set_threads(3)
+    try:
+        wrapped()
+        assert seen == [1]
+        assert set_threads(3) == 3
+    finally:
+        set_threads(before)
+    for name in ("factorize", "solve", "sample", "forward_permuted", "selected_inverse"):
+        assert getattr(_cholesky, name).__wrapped__.__name__ == name
