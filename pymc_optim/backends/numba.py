@@ -39,6 +39,7 @@ Newton, ``update(z) -> T(z)`` for fixed points.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import inspect
 from hashlib import sha256
@@ -64,6 +65,7 @@ from pymc_optim.backends.fixed_point import FixedPointOp
 from pymc_optim.backends.iterations import ARMIJO, MAX_BACKTRACKS, ROUNDING, STEP_TOL
 from pymc_optim.backends.newton import NewtonOp
 from pymc_optim.graph.solver_op import SolverOp, inner_mode
+from pymc_optim.linalg import _cholesky
 from pymc_optim.linalg.structure import LinearStructure
 from pymc_optim.model.failure import FAILED_EVALUATIONS, CountFailures
 
@@ -77,6 +79,45 @@ _ANDERSON_MEMORY = inspect.signature(_iterations.anderson).parameters["memory"].
 
 #: Part of every cache key: a change to this module invalidates numba's on-disk cache.
 _SOURCE_KEY = sha256(Path(__file__).read_bytes()).hexdigest()
+
+
+
+def _blas_threads_function():
+    """`openblas_set_num_threads_local` callable from numba (the symbol registered under our
+    own name, as `_cholesky`'s LAPACK kernels are), or a no-op where scipy's BLAS has none."""
+    setter = _cholesky._SET_BLAS_THREADS
+    if setter is None:
+
+        @_njit
+        def keep(n):
+            return n
+
+        return keep
+    import llvmlite.binding as llvm
+    from numba import types
+
+    name = "pymc_optim_openblas_set_num_threads_local"
+    llvm.add_symbol(name, ctypes.cast(setter, ctypes.c_void_p).value)
+    return types.ExternalFunction(name, types.intc(types.intc))
+
+
+_set_blas_threads = _blas_threads_function()
+
+
+def _on_one_blas_thread(newton):
+    """The Newton loop with the calling thread's BLAS and LAPACK calls on one thread. Its
+    matrices gain nothing from OpenBLAS's threads; a threaded call waits for a descheduled
+    thread on a busy machine, and OpenBLAS's threaded LU (n ≥ 150 here) puts megabytes on the
+    caller's stack, past the 2 MiB of a nutpie chain's thread (a segmentation fault)."""
+
+    @_njit
+    def limited(z, args, rows):
+        previous = _set_blas_threads(1)
+        out = newton(z, args, rows)
+        _set_blas_threads(previous)
+        return out
+
+    return limited
 
 
 # --- inner graphs ------------------------------------------------------------------------------
@@ -567,7 +608,10 @@ def _newton_numba(op: NewtonOp, node=None, **kwargs):
         tol=float(op.tol),
         max_iter=int(op.max_iter),
     )
+    loop = _on_one_blas_thread(loop)
+    blas_threads = _cholesky._SET_BLAS_THREADS is not None
     options = (op.minimization, op.tol, op.max_iter, structure.kind, structure.block_size)
+    options = (*options, blas_threads)
     keys = [*keys, solve_key, positive_definite_key, finite_key]
     return _solver(op, env, src, loop, keys, options)
 

@@ -262,3 +262,34 @@ def test_sparse_newton_solves_by_the_sparse_cholesky_under_numba():
     # the solution is the minimizer: exp(x) − a + L x = 0 with L the path's Laplacian
     L = np.diag(np.r_[1.0, 2 * np.ones(n - 2), 1.0]) - np.eye(n, k=1) - np.eye(n, k=-1)
     assert_allclose(np.exp(got[0]) - values[0][0] + L @ got[0], 0.0, atol=1e-10)
+
+
+def test_a_dense_newton_solve_runs_on_a_thread_with_a_small_stack():
+    """nutpie runs chains on threads with 2 MiB stacks. OpenBLAS's threaded LU puts megabytes
+    on its caller's stack (n ≥ 150 on 2 cores), and a dense Newton step of that size crashed
+    the process there; the loop makes its LAPACK calls on one BLAS thread, whose LU does not."""
+    import threading
+
+    from pymc_optim.linalg import _cholesky
+
+    if _cholesky._SET_BLAS_THREADS is None:
+        pytest.skip("scipy's BLAS has no openblas_set_num_threads_local")
+    n = 200
+    rng = np.random.default_rng(0)
+    M = np.eye(n) + rng.normal(0.0, 0.3 / np.sqrt(n), size=(n, n))  # dense, not symmetric
+    x, a = pt.vector("x", shape=(n,)), pt.vector("a", shape=(n,))
+    x_star, success = pmo.root(pt.dot(M, x) + 0.1 * pt.tanh(x) - a, x, x0=np.zeros(n),
+                               method="newton")  # fmt: skip
+    fn = pytensor.function([a], [x_star, success], mode="NUMBA")
+    a_value = rng.normal(size=n)
+    expected = fn(a_value)
+    results = []
+    threading.stack_size(2 * 1024 * 1024)
+    try:
+        thread = threading.Thread(target=lambda: results.append(fn(a_value)))
+        thread.start()
+        thread.join()
+    finally:
+        threading.stack_size(0)
+    assert len(results) == 1 and bool(results[0][1])
+    assert_allclose(results[0][0], expected[0], rtol=0, atol=1e-12)
