@@ -206,7 +206,7 @@ def latent_gaussian_mode(objective, negative_likelihood, z, x0, prior, structure
     solve with K. The log-determinant's B factor (`logdet_b`) is the one the implicit pullback
     solves with.
     """
-    matrix = prior_matrix(prior, structure.form)
+    matrix = prior_matrix(prior, structure.form, size=z.type.shape[0])
     curvature = basis_curvature if structure.basis else likelihood_curvature
     options = newton_options(check_optimizer_kwargs(kwargs, reserved={}))
     if structure.form == "covariance":
@@ -437,16 +437,19 @@ def _precision_of_mvnormal(cov):
     return cov.owner.inputs[0] if isinstance(core, MatrixInverse) else None
 
 
-def prior_matrix(rv, form: str, *, check_only: bool = False):
+def prior_matrix(rv, form: str, *, size: int | None = None, check_only: bool = False):
     """The prior's precision Q (``form="precision"``) or covariance K, (d, d) float64, as a graph
-    of the prior's parameters. With `check_only`, whether this prior's parameters are of a kind
-    read here (not batched, AR of order 1, Normal initial and innovation distributions)."""
+    of the prior's parameters (d = `size` where rv's shape is not static). With `check_only`,
+    whether this prior's parameters are of a kind read here (not batched, AR of order 1, Normal
+    initial and innovation distributions)."""
     op_name = type(rv.owner.op).__name__
     inputs = rv.owner.inputs
     if op_name == "NormalRV":  # independent elements (the basis form): Q = diag(1/σ²)
         if check_only:
             return True
-        precision = pt.broadcast_to(1.0 / inputs[3].astype("float64") ** 2, rv.shape).ravel()
+        precision = pt.broadcast_to(
+            1.0 / inputs[3].astype("float64") ** 2, _shape(rv, size)
+        ).ravel()
         return pt.eye(precision.shape[0], dtype="float64") * precision[None, :]
     if op_name == "MvNormalRV":
         cov = inputs[3]
@@ -478,11 +481,22 @@ def prior_matrix(rv, form: str, *, check_only: bool = False):
         n = W.shape[0]
         return (tau * (pt.eye(n) * W.sum(0)[None, :] - alpha * W)).astype("float64")
     if op_name in ("AutoRegressiveRV", "RandomWalkRV"):
-        return _markov_precision(rv, check_only=check_only)
+        return _markov_precision(rv, size=size, check_only=check_only)
     return False
 
 
-def _markov_precision(rv, *, check_only: bool):
+def _shape(rv, size):
+    """rv's shape, never as a graph of rv itself: rv's node holds its random generator, which
+    must not reach a log density (nutpie refuses a shared generator input). `size`, the number
+    of rv's elements, stands in for a vector's unknown length."""
+    if None not in rv.type.shape:
+        return tuple(rv.type.shape)
+    if rv.type.ndim == 1 and size is not None:
+        return (size,)
+    return rv.shape
+
+
+def _markov_precision(rv, *, size: int | None, check_only: bool):
     """Q of x₀ ~ N(m, s²), x_t = c + ρ x_{t−1} + ε_t, ε_t ~ N(0, σ_t²): tridiagonal, with
     Q_tt += 1/σ_t² and Q_{t−1,t−1} += ρ²/σ_t², Q_{t,t−1} = −ρ/σ_t² for t ≥ 1, Q_00 += 1/s².
     pm.AR of order 1 (ρ the coefficient) and pm.GaussianRandomWalk (ρ = 1)."""
@@ -507,7 +521,7 @@ def _markov_precision(rv, *, check_only: bool):
         return False
     if check_only:
         return True
-    n = rv.shape[0]
+    n = _shape(rv, size)[0]
     init_sd = pt.broadcast_to(init.owner.inputs[3], (1,))[0]
     tau = pt.broadcast_to(1.0 / innovation_sd**2, (n - 1,))  # τ_t for t = 1..n−1
     zero = pt.zeros((1,), dtype="float64")

@@ -16,6 +16,8 @@ import pymc as pm
 import pytensor.tensor as pt
 import pytest
 from numpy.testing import assert_allclose
+from pytensor.graph.traversal import graph_inputs
+from pytensor.tensor.random.type import RandomType
 
 import pymc_optim as pmo
 from pymc_optim.backends.newton import NewtonOp
@@ -493,3 +495,18 @@ def _assert_backend_agrees(marginal, point, mode):
     assert np.isfinite(values["FAST_RUN"][0])
     assert_allclose(values[mode][0], values["FAST_RUN"][0], rtol=1e-10)
     assert_allclose(values[mode][1], values["FAST_RUN"][1], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("kind", "latent"),
+    [*((kind, "f") for kind in PRIORS), ("gp:hsgp", "f"), ("gp:hsgp", "f_hsgp_coeffs")],
+)
+def test_the_marginal_log_density_reads_no_random_generator(kind, latent):
+    """The marginal's logp is a function of the value variables and data alone: no random
+    generator among its inputs (the prior's shape is taken from its size and parameters, not
+    from the removed variable's node). nutpie, pm.sample's sampler when installed, refuses a
+    shared generator input."""
+    model = _gp_model(kind[3:]) if kind.startswith("gp:") else _model(kind)
+    marginal = pmo.marginalize_laplace(model, latent)
+    inputs = graph_inputs([marginal.logp(), marginal.dlogp()])
+    assert not [v for v in inputs if isinstance(v.type, RandomType)]
