@@ -81,11 +81,10 @@ _ANDERSON_MEMORY = inspect.signature(_iterations.anderson).parameters["memory"].
 _SOURCE_KEY = sha256(Path(__file__).read_bytes()).hexdigest()
 
 
-
 def _blas_threads_function():
     """`openblas_set_num_threads_local` callable from numba (the symbol registered under our
     own name, as `_cholesky`'s LAPACK kernels are), or a no-op where scipy's BLAS has none."""
-    setter = _cholesky._SET_BLAS_THREADS
+    setter = _cholesky.SET_BLAS_THREADS
     if setter is None:
 
         @_njit
@@ -609,9 +608,8 @@ def _newton_numba(op: NewtonOp, node=None, **kwargs):
         max_iter=int(op.max_iter),
     )
     loop = _on_one_blas_thread(loop)
-    blas_threads = _cholesky._SET_BLAS_THREADS is not None
     options = (op.minimization, op.tol, op.max_iter, structure.kind, structure.block_size)
-    options = (*options, blas_threads)
+    options = (*options, _cholesky.SET_BLAS_THREADS is not None)
     keys = [*keys, solve_key, positive_definite_key, finite_key]
     return _solver(op, env, src, loop, keys, options)
 

@@ -97,23 +97,25 @@ def _blas_thread_setter():
     return setter
 
 
-_SET_BLAS_THREADS = _blas_thread_setter()
+#: Sets the calling thread's OpenBLAS thread count and returns the previous one; None where
+#: scipy's BLAS cannot (`_one_blas_thread` and the numba Newton loop use it).
+SET_BLAS_THREADS = _blas_thread_setter()
 
 
 def _one_blas_thread(function):
     """`function` with the calling thread's BLAS and LAPACK calls on one thread. Its blocks
     gain nothing measurable from OpenBLAS's threads, and a threaded call waits for a thread
     the OS has descheduled when another process or chain is busy (benchmarks/README.md)."""
-    if _SET_BLAS_THREADS is None:
+    if SET_BLAS_THREADS is None:
         return function
 
     @functools.wraps(function)
     def on_one_thread(*args, **kwargs):
-        previous = _SET_BLAS_THREADS(1)
+        previous = SET_BLAS_THREADS(1)
         try:
             return function(*args, **kwargs)
         finally:
-            _SET_BLAS_THREADS(previous)
+            SET_BLAS_THREADS(previous)
 
     return on_one_thread
 

@@ -272,7 +272,7 @@ def test_a_dense_newton_solve_runs_on_a_thread_with_a_small_stack():
 
     from pymc_optim.linalg import _cholesky
 
-    if _cholesky._SET_BLAS_THREADS is None:
+    if _cholesky.SET_BLAS_THREADS is None:
         pytest.skip("scipy's BLAS has no openblas_set_num_threads_local")
     n = 200
     rng = np.random.default_rng(0)

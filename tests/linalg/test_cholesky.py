@@ -165,7 +165,7 @@ def test_block_solves_logdet_and_draws_match_dense_algebra(case):
 def test_kernels_make_their_blas_calls_on_one_thread_and_restore_the_setting():
     """The factorization, solves, draws and selected inverse set the calling thread's OpenBLAS
     thread count to 1 while they run, and give back the count they found."""
-    set_threads = _cholesky._SET_BLAS_THREADS
+    set_threads = _cholesky.SET_BLAS_THREADS
     if set_threads is None:
         pytest.skip("scipy's BLAS has no openblas_set_num_threads_local")
     seen = []
