@@ -608,10 +608,10 @@ def _newton_numba(op: NewtonOp, node=None, **kwargs):
         max_iter=int(op.max_iter),
     )
     loop = _on_one_blas_thread(loop)
+    blas_threads = _cholesky.SET_BLAS_THREADS is not None
     options = (op.minimization, op.tol, op.max_iter, structure.kind, structure.block_size)
-    options = (*options, _cholesky.SET_BLAS_THREADS is not None)
     keys = [*keys, solve_key, positive_definite_key, finite_key]
-    return _solver(op, env, src, loop, keys, options)
+    return _solver(op, env, src, loop, keys, (*options, blas_threads))
 
 
 @register_funcify_and_cache_key(FixedPointOp)
