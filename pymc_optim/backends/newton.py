@@ -31,6 +31,7 @@ __all__ = [
     "NewtonOp",
     "canonical_step",
     "direct_call",
+    "extrapolated_start",
     "problem_rows",
     "sequential_solve",
 ]
@@ -271,13 +272,7 @@ class NewtonOp(SolverOp):
             theta_0, previous = history[0]
             theta = _theta(params) if theta is None else theta
             if theta.shape == theta_1.shape == theta_0.shape:
-                step = theta_1 - theta_0
-                length = float(step @ step)
-                if length > 0:
-                    along = float((theta - theta_1) @ step) / length
-                    predicted = start + min(max(along, -1.0), 2.0) * (start - previous)
-                    if np.isfinite(predicted).all():
-                        return predicted
+                return extrapolated_start(theta, theta_1, theta_0, start, previous)
         return start
 
     def _warm_starts(self) -> dict:
@@ -375,6 +370,20 @@ def canonical_step(system, z, success, *, structure, rows=None):
         step = r - _iterations.solve(structure, A, F)
     ok = success & np.isfinite(step[rows]).all(axis=1)
     return np.where(ok[owner], step, z), success.astype(np.int64)
+
+
+def extrapolated_start(theta, theta_1, theta_0, start, previous):
+    """`start` (the solution at θ₁) moved along the secant from `previous` (at θ₀) by the
+    projection of θ − θ₁ on θ₁ − θ₀, clipped to [−1, 2]; `start` itself when θ₁ = θ₀ or the
+    move is not finite. Plain numpy on arrays: the numba backend compiles this function."""
+    step = theta_1 - theta_0
+    length = (step * step).sum()
+    if length > 0:
+        along = ((theta - theta_1) * step).sum() / length
+        predicted = start + min(max(along, -1.0), 2.0) * (start - previous)
+        if np.isfinite(predicted).all():
+            return predicted
+    return start
 
 
 def _theta(params) -> np.ndarray:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import inspect
+import math
 from hashlib import sha256
 from pathlib import Path
 
@@ -62,8 +63,15 @@ from pytensor.link.numba.dispatch.basic import (
 from pymc_optim._logging import announce_compilation
 from pymc_optim.backends import iterations as _iterations
 from pymc_optim.backends.fixed_point import FixedPointOp
-from pymc_optim.backends.iterations import ARMIJO, MAX_BACKTRACKS, ROUNDING, STEP_TOL
-from pymc_optim.backends.newton import NewtonOp
+from pymc_optim.backends.iterations import (
+    ARMIJO,
+    CHORD_CONTRACTION,
+    MAX_BACKTRACKS,
+    ROUNDING,
+    STEP_TOL,
+)
+from pymc_optim.backends.newton import CANONICAL_BITS, NewtonOp, extrapolated_start
+from pymc_optim.backends.numba_state import solver_buffer
 from pymc_optim.graph.solver_op import SolverOp, inner_mode
 from pymc_optim.linalg import _cholesky
 from pymc_optim.linalg.structure import LinearStructure
@@ -83,7 +91,12 @@ _SOURCE_KEY = sha256(Path(__file__).read_bytes()).hexdigest()
 
 def _blas_threads_function():
     """`openblas_set_num_threads_local` callable from numba (the symbol registered under our
-    own name, as `_cholesky`'s LAPACK kernels are), or a no-op where scipy's BLAS has none."""
+    own name, as `_cholesky`'s LAPACK kernels are), or a no-op where scipy's BLAS has none.
+
+    Every solver runs its loop with the calling thread's BLAS and LAPACK calls on one thread:
+    its matrices gain nothing from OpenBLAS's threads, a threaded call waits for a descheduled
+    thread on a busy machine, and OpenBLAS's threaded LU (n ≥ 150 here) puts megabytes on the
+    caller's stack, past the 2 MiB of a nutpie chain's thread (a segmentation fault)."""
     setter = _cholesky.SET_BLAS_THREADS
     if setter is None:
 
@@ -101,22 +114,6 @@ def _blas_threads_function():
 
 
 _set_blas_threads = _blas_threads_function()
-
-
-def _on_one_blas_thread(newton):
-    """The Newton loop with the calling thread's BLAS and LAPACK calls on one thread. Its
-    matrices gain nothing from OpenBLAS's threads; a threaded call waits for a descheduled
-    thread on a busy machine, and OpenBLAS's threaded LU (n ≥ 150 here) puts megabytes on the
-    caller's stack, past the 2 MiB of a nutpie chain's thread (a segmentation fault)."""
-
-    @_njit
-    def limited(z, args, rows):
-        previous = _set_blas_threads(1)
-        out = newton(z, args, rows)
-        _set_blas_threads(previous)
-        return out
-
-    return limited
 
 
 # --- inner graphs ------------------------------------------------------------------------------
@@ -169,6 +166,14 @@ def _max_abs(v):
         if a > out:
             out = a
     return out
+
+
+@_njit
+def _dot(u, v):
+    total = 0.0
+    for i in range(u.size):
+        total += u[i] * v[i]
+    return total
 
 
 @_njit
@@ -267,18 +272,30 @@ def _newton_loop(
     minimization: bool,
     tol: float,
     max_iter: int,
+    final_step: bool = True,
+    chord: bool = False,
 ):
-    """`_iterations._newton`, decision for decision, on B stacked problems (``rows``)."""
+    """`_iterations._newton`, decision for decision, on B stacked problems (``rows``).
+
+    ``newton(z, args, rows, reference)`` returns ``(z, success, n_iterations, n_evaluations,
+    A)``, A the Jacobian of the last evaluated iterate. With `chord`, one problem starts with
+    chord steps on `reference` (a compact Jacobian flattened; none if its size is not A's);
+    ``final_step=False`` returns the last evaluated iterate instead of taking the final step.
+    """
+    chord_steps = _chord_steps_function(
+        system, solve, finite_jacobian, minimization=minimization, tol=tol, enabled=chord
+    )
 
     @_njit
-    def newton(z, args, rows):
+    def newton(z, args, rows, reference):
         n_problems = rows.shape[0]
         owner = np.empty(z.size, dtype=np.int64)
         for b in range(n_problems):
             for j in range(rows.shape[1]):
                 owner[rows[b, j]] = b
         m, F, A = system(z, args)
-        n_evaluations = np.ones(n_problems, dtype=np.int64)
+        z, m, F, A, chord_evaluations = chord_steps(z, m, F, A, reference, args, owner)
+        n_evaluations = np.full(n_problems, 1 + chord_evaluations, dtype=np.int64)
         n_iterations = np.full(n_problems, max_iter, dtype=np.int64)
         running = np.ones(n_problems, dtype=np.bool_)
         success = np.zeros(n_problems, dtype=np.bool_)
@@ -293,9 +310,9 @@ def _newton_loop(
             if minimization and np.any(converged):
                 ok = ok & positive_definite(A, owner, n_problems)
             _stop(running, success, n_iterations, converged, ok, iteration)
-            # the final Newton step: no evaluation, the error squared
-            final = converged & success & _rows_finite(d, rows)
-            z = np.where(final[owner], z + d, z)
+            if final_step:  # the final Newton step: no evaluation, the error squared
+                final = converged & success & _rows_finite(d, rows)
+                z = np.where(final[owner], z + d, z)
             if iteration == max_iter or not np.any(running):
                 break
             if minimization:
@@ -369,9 +386,189 @@ def _newton_loop(
                 # (the system at the point of a search ended early is checked at the next
                 # iteration's start, which fails it there)
             z, m, F, A = z_new, m_new, F_new, A_new
-        return z, success, n_iterations, n_evaluations
+        return z, success, n_iterations, n_evaluations, A
 
     return newton
+
+
+def _chord_steps_function(system, solve, finite_jacobian, *, minimization, tol, enabled):
+    """`_iterations._chord_steps` for one problem: ``chord_steps(z, m, F, A, reference, args,
+    owner)`` → ``(z, m, F, A, n_evaluations)`` at the last kept iterate (the inputs unchanged
+    when not `enabled` or `reference` does not have A's size)."""
+    if not enabled:
+
+        @_njit
+        def no_chord_steps(z, m, F, A, reference, args, owner):
+            return z, m, F, A, 0
+
+        return no_chord_steps
+
+    @_njit
+    def chord_steps(z, m, F, A, reference, args, owner):
+        n_evaluations = 0
+        if reference.size == 0 or reference.size != A.size:
+            return z, m, F, A, n_evaluations
+        reference = reference.reshape(A.shape)
+        F_max = _max_abs(F)
+        while F_max > tol and np.isfinite(m[0]) and np.isfinite(F_max):
+            d = -solve(reference, F)
+            slope = _dot(F, d)
+            if not (np.isfinite(slope) and (slope < 0 or not minimization)):
+                break
+            z_new = z + d
+            m_new, F_new, A_new = system(z_new, args)
+            n_evaluations += 1
+            F_max_new = _max_abs(F_new)
+            kept = np.isfinite(m_new[0]) and F_max_new <= CHORD_CONTRACTION * F_max
+            kept = kept and finite_jacobian(A_new, owner, 1)[0]
+            if kept and minimization:
+                unseen = -slope <= ROUNDING * (1.0 + abs(m[0]))
+                kept = m_new[0] <= m[0] + ARMIJO * slope or unseen
+            if not kept:
+                break
+            z, m, F, A, F_max = z_new, m_new, F_new, A_new, F_max_new
+        return z, m, F, A, n_evaluations
+
+    return chord_steps
+
+
+def _canonical_step_function(system, solve):
+    """`newton.canonical_step` on B stacked problems: ``canonical(z, success, args, rows)`` →
+    ``(z, n_evaluations)``."""
+
+    @_njit
+    def canonical(z, success, args, rows):
+        n_problems = rows.shape[0]
+        if not np.any(success):
+            return z, np.zeros(n_problems, dtype=np.int64)
+        z, r = z.copy(), np.empty(z.size)
+        for b in range(n_problems):
+            scale = max(1.0, _max_abs(z[rows[b]]))  # (NaN stays NaN: the step fails)
+            q = math.ldexp(1.0, math.frexp(scale)[1] - CANONICAL_BITS)
+            for j in range(rows.shape[1]):
+                i = rows[b, j]
+                r[i] = np.rint(z[i] / q) * q  # exact: q is a power of two
+        _, F, A = system(r, args)
+        step = r - solve(A, F)
+        ok = success & _rows_finite(step, rows)
+        for b in range(n_problems):
+            if ok[b]:
+                for j in range(rows.shape[1]):
+                    z[rows[b, j]] = step[rows[b, j]]
+        return z, success.astype(np.int64)
+
+    return canonical
+
+
+def _newton_driver(newton, canonical, *, warm_start: bool, sequential: bool, predictor: bool, key):
+    """``driver(z0, args, rows, theta, continued)`` → ``(z, success, n_iterations,
+    n_evaluations)``: the loop as `NewtonOp.solve` runs it, with this thread's state kept in
+    `numba_state` buffers under `key` (and ``key + 1``).
+
+    * `warm_start`: from the last successful solution of this solver in this thread (moved
+      along the secant of the last two with `predictor`), from z0 again if that fails, then
+      `canonical`; a successful solve is remembered with θ (`theta`, the float parameters).
+    * `sequential`: chord steps on the last successful solve's Jacobian unless `continued` is
+      False (a new sequence); the loop compiled with ``final_step=False``.
+    """
+    nothing = np.zeros(0)
+    if sequential:
+
+        @_njit
+        def solve_in_sequence(z0, args, rows, theta, continued):
+            header = solver_buffer(key, 2)  # [a Jacobian is stored, its size]
+            reference = nothing
+            if header.size == 2:
+                if not continued:
+                    header[0] = 0.0
+                elif header[0] == 1.0:
+                    reference = solver_buffer(key + 1, np.int64(header[1])).copy()
+            z, success, n_iterations, n_evaluations, A = newton(z0, args, rows, reference)
+            if header.size == 2 and np.all(success):
+                data = solver_buffer(key + 1, A.size)
+                if data.size == A.size:
+                    data[:] = np.ascontiguousarray(A).reshape(A.size)
+                    header[0], header[1] = 1.0, A.size
+            return z, success, n_iterations, n_evaluations
+
+        return solve_in_sequence
+
+    if not warm_start:
+
+        @_njit
+        def solve_cold(z0, args, rows, theta, continued):
+            z, success, n_iterations, n_evaluations, _ = newton(z0, args, rows, nothing)
+            return z, success, n_iterations, n_evaluations
+
+        return solve_cold
+
+    @_njit
+    def solve_warm(z0, args, rows, theta, continued):
+        n, p = z0.size, theta.size
+        state = solver_buffer(key, _WARM_HEADER + 2 * (p + n))
+        start = _warm_start_point(state, theta, n, predictor)
+        n_problems = rows.shape[0]
+        z = z0
+        success = np.zeros(n_problems, dtype=np.bool_)
+        n_iterations = np.zeros(n_problems, dtype=np.int64)
+        n_evaluations = np.zeros(n_problems, dtype=np.int64)
+        if start.size == n:
+            try:
+                z, success, n_iterations, n_evaluations, _ = newton(start, args, rows, nothing)
+            except Exception:  # raised along the warm path: the cold start decides
+                success[:] = False
+        if start.size != n:
+            z, success, n_iterations, n_evaluations, _ = newton(z0, args, rows, nothing)
+        elif not np.all(success):  # the counters include both solves
+            z, success, more_iterations, more_evaluations, _ = newton(z0, args, rows, nothing)
+            n_iterations = n_iterations + more_iterations
+            n_evaluations = n_evaluations + more_evaluations
+        z, more_evaluations = canonical(z, success, args, rows)
+        n_evaluations = n_evaluations + more_evaluations
+        if np.all(success) and state.size:
+            _remember(state, theta, z)
+        return z, success, n_iterations, n_evaluations
+
+    return solve_warm
+
+
+#: A warm-start buffer: [solutions stored (0–2), len θ, len z], then (θ, z) of the newer
+#: solution, then of the older.
+_WARM_HEADER = 3
+
+_extrapolated_start = _njit(extrapolated_start)
+
+
+@_njit
+def _warm_start_point(state, theta, n, predictor):
+    """`NewtonOp.warm_start_point` on a warm-start buffer; empty for none."""
+    p = theta.size
+    if state.size == 0 or state[0] < 1 or state[1] != p or state[2] != n:
+        return np.zeros(0)
+    newer, older = _WARM_HEADER, _WARM_HEADER + p + n
+    start = state[newer + p : newer + p + n].copy()
+    if not _all_finite(start):
+        return np.zeros(0)
+    if state[0] >= 2 and predictor:
+        theta_1, theta_0 = state[newer : newer + p], state[older : older + p]
+        previous = state[older + p : older + p + n]
+        return _extrapolated_start(theta, theta_1, theta_0, start, previous)
+    return start
+
+
+@_njit
+def _remember(state, theta, z):
+    """Store (θ, z) as the newer solution, the newer one before it as the older."""
+    p, n = theta.size, z.size
+    newer, older = _WARM_HEADER, _WARM_HEADER + p + n
+    if state[0] >= 1 and state[1] == p and state[2] == n:
+        state[older : older + p + n] = state[newer : newer + p + n]
+        state[0] = 2.0
+    else:
+        state[0] = 1.0
+    state[1], state[2] = p, n
+    state[newer : newer + p] = theta
+    state[newer + p : newer + p + n] = z
 
 
 def _fixed_point_loop(update, *, tol: float, max_iter: int):
@@ -505,7 +702,24 @@ def _adapter_source(op: SolverOp, node, inner_outputs: dict) -> str:
     else:  # Newton: B stacked problems (`_newton.problem_rows`), diagnostics batch-shaped
         batch_shape = "(" + "".join(f"x0.shape[{i}], " for i in range(batch_ndim)) + ")"
         n_problems = " * ".join(["1", *(f"x0.shape[{i}]" for i in range(batch_ndim))])
-        call_loop = "loop(pack(args), args, rows(args))"
+        call_loop = "loop(pack(args), args, rows(args), theta(args), continued)"
+        floats = [
+            f"p{i}" for i, p in enumerate(node.inputs[k:n_args]) if p.type.dtype.startswith("float")
+        ]
+        lines += ["def theta(args):", *get_args[k:n_args]]
+        if op.warm_start and not op.sequential:  # `newton._theta`: the float parameters
+            total = " + ".join(["0", *(f"{p}.size" for p in floats)])
+            lines.append(f"    out = np.empty({total}, dtype=np.float64)")
+            lines.append("    offset = 0")
+            for p in floats:
+                lines += [
+                    f"    for i, v in enumerate({p}.flat):",
+                    "        out[offset + i] = v if np.isfinite(v) else 0.0",
+                    f"    offset += {p}.size",
+                ]
+            lines.append("    return out")
+        else:
+            lines.append("    return np.zeros(0)")
         lines += [
             "def rows(args):",
             *get_args[:k],
@@ -540,13 +754,19 @@ def _adapter_source(op: SolverOp, node, inner_outputs: dict) -> str:
             f"np.zeros({shape}, dtype=np.bool_), np.full({shape}, -1, dtype=np.int64), "
             f"np.full({shape}, -1, dtype=np.int64)"
         )
+    # "continued", the last extra input of a sequential solve (`newton.sequential_solve`)
+    continued = f"{extras[-1]}.item() != 0" if getattr(op, "sequential", False) else "True"
     lines += [
         f"def solver({', '.join([*args, *extras])}):",
         f"    args = ({', '.join(args)},)",
+        f"    continued = {continued}",
+        "    blas_threads = set_blas_threads(1)",
         "    try:",
         f"        z, success, n_iterations, n_evaluations = {call_loop}",
         "    except Exception:  # as SolverOp.perform: invalid parameters fail the solve",
+        "        set_blas_threads(blas_threads)",
         f"        return ({', '.join(failed)}, {failure})",
+        "    set_blas_threads(blas_threads)",
         *unpack(out_dtypes),
         f"    return ({', '.join(solutions)}, "
         "*as_diagnostics(success, n_iterations, n_evaluations, x0))",
@@ -566,7 +786,7 @@ def _adapters(op: SolverOp, node, inputs, inner_outputs: dict):
         env[f"{name}_fn"], key = _numba_function(inputs, outputs)
         keys.append(key)
     src = _adapter_source(op, node, inner_outputs)
-    helpers = ["pack", "as_diagnostics", *(["rows"] if isinstance(op, NewtonOp) else [])]
+    helpers = ["pack", "as_diagnostics", *(["rows", "theta"] if isinstance(op, NewtonOp) else [])]
     for name in [*helpers, *inner_outputs]:
         env[name] = _njit(compile_numba_function_src(src, name, env))
     return env, src, keys
@@ -575,13 +795,17 @@ def _adapters(op: SolverOp, node, inputs, inner_outputs: dict):
 def _solver(op: SolverOp, env: dict, src: str, loop, keys: list, options: tuple):
     """The Op's numba function running `loop`, and its cache key (None if a part has none)."""
     announce_compilation("numba", f"a graph-native {type(op).__name__} solve")
-    env["loop"] = loop
+    env["loop"], env["set_blas_threads"] = loop, _set_blas_threads
     solver = _njit(compile_numba_function_src(src, "solver", env))
     if any(key is None for key in keys):
         return solver, None
-    constants = (ARMIJO, MAX_BACKTRACKS, ROUNDING, STEP_TOL, _ANDERSON_MEMORY)
+    return solver, _cache_key(op, src, keys, options)
+
+
+def _cache_key(op: SolverOp, src: str, keys: list, options: tuple) -> str:
+    constants = (ARMIJO, CHORD_CONTRACTION, MAX_BACKTRACKS, ROUNDING, STEP_TOL, _ANDERSON_MEMORY)
     parts = (type(op).__name__, _SOURCE_KEY, src, tuple(keys), constants, options)
-    return solver, sha256(str(parts).encode()).hexdigest()
+    return sha256(str(parts).encode()).hexdigest()
 
 
 @register_funcify_and_cache_key(NewtonOp)
@@ -597,6 +821,8 @@ def _newton_numba(op: NewtonOp, node=None, **kwargs):
     solve, solve_key = _solve_function(structure)
     positive_definite, positive_definite_key = _per_problem_function(structure, "positive_definite")
     finite_jacobian, finite_key = _per_problem_function(structure, "finite")
+    sequential = bool(op.sequential)
+    warm_start = bool(op.warm_start) and not sequential
     loop = _newton_loop(
         env["system"],
         env["merit"],
@@ -606,12 +832,24 @@ def _newton_numba(op: NewtonOp, node=None, **kwargs):
         minimization=bool(op.minimization),
         tol=float(op.tol),
         max_iter=int(op.max_iter),
+        final_step=not sequential,
+        chord=sequential,
     )
-    loop = _on_one_blas_thread(loop)
     blas_threads = _cholesky.SET_BLAS_THREADS is not None
     options = (op.minimization, op.tol, op.max_iter, structure.kind, structure.block_size)
+    options = (*options, blas_threads, warm_start, sequential, bool(op.predictor))
     keys = [*keys, solve_key, positive_definite_key, finite_key]
-    return _solver(op, env, src, loop, keys, (*options, blas_threads))
+    # the state of solvers compiled alike is shared (in each thread): it only moves the start
+    state_key = 2 * (int(_cache_key(op, src, keys, options)[:15], 16) >> 1)
+    driver = _newton_driver(
+        loop,
+        _canonical_step_function(env["system"], solve),
+        warm_start=warm_start,
+        sequential=sequential,
+        predictor=bool(op.predictor),
+        key=state_key,
+    )
+    return _solver(op, env, src, driver, keys, options)
 
 
 @register_funcify_and_cache_key(FixedPointOp)
@@ -621,7 +859,8 @@ def _fixed_point_numba(op: FixedPointOp, node=None, **kwargs):
     env, src, keys = _adapters(op, node, [*xs, *params], {"update": [update]})
     make_loop = _anderson_loop if op.method == "anderson" else _fixed_point_loop
     loop = make_loop(env["update"], tol=float(op.tol), max_iter=int(op.max_iter))
-    return _solver(op, env, src, loop, keys, (op.method, op.tol, op.max_iter))
+    blas_threads = _cholesky.SET_BLAS_THREADS is not None
+    return _solver(op, env, src, loop, keys, (op.method, op.tol, op.max_iter, blas_threads))
 
 
 @register_funcify_and_cache_key(CountFailures)

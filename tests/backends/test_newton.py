@@ -4,6 +4,7 @@ import numpy as np
 import pytensor
 import pytensor.tensor as pt
 import pytest
+from cases import counters, newton_node, poisson_intercepts, raveled, theta_point
 from numpy.testing import assert_allclose
 from pytensor.graph import vectorize_graph
 
@@ -182,52 +183,6 @@ def test_newton_ends_with_a_final_step_past_the_tolerance():
 
 
 # --- warm start (the Laplace marginal's inner solves) ----------------------------------------
-def poisson_intercepts(n_groups=30, per_group=5, seed=3):
-    """y ~ Poisson(exp(mu + u_g)), u ~ N(0, sigma): the model users marginalize."""
-    import pymc as pm
-
-    rng = np.random.default_rng(seed)
-    group = np.repeat(np.arange(n_groups), per_group)
-    y = rng.poisson(np.exp(0.5 + rng.normal(0.0, 0.7, n_groups)[group]))
-    with pm.Model() as model:
-        mu = pm.Normal("mu", 0.0, 2.0)
-        sigma = pm.HalfNormal("sigma", 1.0)
-        u = pm.Normal("u", 0.0, sigma, shape=n_groups)
-        pm.Poisson("y", pm.math.exp(mu + u[group]), observed=y)
-    return model
-
-
-def newton_node(model):
-    from pytensor.graph.traversal import ancestors
-
-    from pymc_optim.backends.newton import NewtonOp
-
-    (node,) = {
-        v.owner
-        for v in ancestors(model.potentials)
-        if v.owner is not None and isinstance(v.owner.op, NewtonOp)
-    }
-    return node
-
-
-def counters(model):
-    """A function of θ (the value variables) returning the inner solve's (success, iterations,
-    evaluations); it shares the marginal's Op, hence its warm-start state."""
-    node = newton_node(model)
-    k = node.op.n_controls
-    outs = model.replace_rvs_by_values(node.outputs[k : k + 3])
-    return pytensor.function(model.value_vars, outs, on_unused_input="ignore")
-
-
-def theta_point(model, mu, log_sigma):
-    return {"mu": np.asarray(mu), "sigma_log__": np.asarray(log_sigma)}
-
-
-def raveled(model, mu, log_sigma):
-    point = theta_point(model, mu, log_sigma)
-    return np.array([point[v.name] for v in model.value_vars])
-
-
 def test_laplace_warm_start_agrees_with_the_cold_start_whatever_the_history():
     """The marginal's value and gradient at θ do not depend on what was evaluated before, along
     random histories that mix a sampler's small moves with far jumps (the start of a new

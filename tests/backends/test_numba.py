@@ -293,3 +293,124 @@ def test_a_dense_newton_solve_runs_on_a_thread_with_a_small_stack():
         threading.stack_size(0)
     assert len(results) == 1 and bool(results[0][1])
     assert_allclose(results[0][0], expected[0], rtol=0, atol=1e-12)
+
+
+# --- warm starts, the canonical step and chord steps -------------------------------------------
+def test_laplace_warm_start_is_taken_under_numba():
+    """As in the default loop: at the θ just evaluated the warm solve starts at its mode (no
+    Newton step; two evaluations, at the start and the canonical step's), a cold solve repeats
+    its iterations, and a small move needs fewer."""
+    from cases import counters, poisson_intercepts
+
+    warm = pmo.marginalize_laplace(poisson_intercepts(), "u", warm_start=True)
+    cold = pmo.marginalize_laplace(poisson_intercepts(), "u", warm_start=False)
+    c_warm, c_cold = counters(warm, mode="NUMBA"), counters(cold, mode="NUMBA")
+    theta, moved = (0.4, np.log(0.6)), (0.45, np.log(0.65))
+    ok, it_first, _ = c_warm(*theta)
+    assert ok and it_first > 2
+    ok, it_again, ev_again = c_warm(*theta)
+    assert ok and it_again == 0 and ev_again == 2
+    assert c_cold(*theta)[1] == c_cold(*theta)[1] == it_first
+    ok, it_moved, _ = c_warm(*moved)
+    assert ok and 0 < it_moved < c_cold(*moved)[1]
+
+
+def test_laplace_warm_start_under_numba_does_not_depend_on_the_history():
+    """Along random histories (small moves and far jumps), the numba marginal's value and
+    gradient equal those of the same function with its state cleared, bit for bit (both end
+    with the canonical step), and the default loop's to rounding (1e-12, as the default loop's
+    own warm and cold solves agree)."""
+    import pymc as pm
+    from cases import poisson_intercepts, raveled
+
+    from pymc_optim.backends import numba_state
+
+    warm = pmo.marginalize_laplace(poisson_intercepts(), "u", warm_start=True)
+    outputs = [
+        warm.logp(),
+        pt.concatenate([g.ravel() for g in pt.grad(warm.logp(), warm.value_vars)]),
+    ]
+    f_numba = pytensor.function(warm.value_vars, outputs, mode="NUMBA")
+    f_default = pytensor.function(warm.value_vars, outputs)
+    del pm
+    rng = np.random.default_rng(14)
+    centre = np.array([0.5, np.log(0.7)])
+    here = centre.copy()
+    for _ in range(20):
+        for _ in range(rng.integers(1, 4)):
+            far = rng.random() < 0.25
+            here = rng.normal(centre, 1.5) if far else here + rng.normal(0.0, 0.1, 2)
+            f_numba(*raveled(warm, *here))
+        target = raveled(warm, *rng.normal(centre, 0.3))
+        value, grad = f_numba(*target)
+        numba_state._BUFFERS.clear()
+        fresh_value, fresh_grad = f_numba(*target)
+        assert value == fresh_value
+        np.testing.assert_array_equal(grad, fresh_grad)
+        want_value, want_grad = f_default(*target)
+        assert_allclose(value, want_value, rtol=1e-12)
+        assert_allclose(grad, want_grad, rtol=1e-12, atol=1e-12 * np.abs(want_grad).max())
+
+
+def test_laplace_warm_start_under_numba_falls_back_to_the_cold_start():
+    """A stored mode from which Newton fails (exp(800) overflows at the start) is abandoned:
+    the solve is repeated from the initial point, its counters hold both solves and the
+    canonical step, and the finite mode it reaches replaces the stored one."""
+    from cases import counters, poisson_intercepts
+
+    from pymc_optim.backends import numba_state
+
+    warm = pmo.marginalize_laplace(poisson_intercepts(), "u", warm_start=True)
+    cold = pmo.marginalize_laplace(poisson_intercepts(), "u", warm_start=False)
+    c_warm, c_cold = counters(warm, mode="NUMBA"), counters(cold, mode="NUMBA")
+    theta = (0.4, np.log(0.6))
+    numba_state._BUFFERS.clear()
+    assert c_warm(*theta)[0]
+    ((state,),) = [list(buffers.values()) for buffers in numba_state._BUFFERS.values()]
+    n_theta, n = int(state[1]), int(state[2])
+    assert n == 30  # [count, len θ, len z], then (θ, z)
+    state[0] = 1.0
+    state[3 + n_theta : 3 + n_theta + n] = 800.0
+    ok, iterations, evaluations = c_warm(*theta)
+    ok_cold, it_cold, ev_cold = c_cold(*theta)
+    assert ok and ok_cold
+    assert iterations == it_cold and evaluations == ev_cold + 2
+    assert np.all(np.abs(state[3 + n_theta : 3 + n_theta + n]) < 10)
+
+
+def test_sequential_solve_takes_the_same_chord_steps_under_numba():
+    """`sequential_solve` (latent draws along a tour): the numba loop takes the chord steps on
+    the previous solve's Jacobian and returns the last iterate as the default loop does, with
+    the same counters; a cold start (the Op's own x0) begins a new sequence."""
+    from pymc_optim.backends.newton import sequential_solve
+
+    x, a = pt.vector("x", shape=(3,)), pt.vector("a", shape=(3,))
+    C = np.array([[2.0, 0.5, 0.0], [0.5, 2.0, 0.5], [0.0, 0.5, 2.0]])
+    objective = pt.exp(x).sum() - a @ x + 0.5 * x @ C @ x
+    x_star, _ = pmo.minimize(objective, x, x0=np.zeros(3), method="newton")
+    hessian = pt.diag(pt.exp(x_star)) + C
+    start = pt.vector("start", shape=(3,))
+    x_new, z, _, replacements = sequential_solve(x_star, start, hessian)
+    info = [replacements[out] for out in x_star.owner.outputs[1:4]]
+    functions = {
+        mode: pytensor.function([a, start], [x_new, z, *info], mode=mode)
+        for mode in (None, "NUMBA")
+    }
+    rng = np.random.default_rng(3)
+    results = {mode: [] for mode in functions}
+    for mode, f in functions.items():
+        previous = np.zeros(3)  # the Op's x0: a cold start
+        for step in range(8):
+            a_value = np.array([1.0, 2.0, 0.5]) + 0.05 * step + 0.01 * rng.normal(size=3)
+            out = f(a_value, previous if step % 4 else np.zeros(3))
+            results[mode].append(out)
+            previous = out[0]
+        rng = np.random.default_rng(3)
+    iterations = []
+    for want, got in zip(results[None], results["NUMBA"], strict=True):
+        assert_allclose(got[0], want[0], rtol=1e-12)
+        assert_allclose(got[1], want[1], rtol=1e-10)
+        assert [int(v) for v in got[2:]] == [int(v) for v in want[2:]]
+        iterations.append(int(got[3]))
+    # continued solves converge on chord steps alone (no Newton iteration); cold ones do not
+    assert all(n > 0 for n in iterations[::4]) and 0 in iterations

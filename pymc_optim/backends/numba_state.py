@@ -1,0 +1,85 @@
+"""Per-thread buffers that compiled numba solvers keep between calls (warm starts, chord steps).
+
+A numba function cannot hold mutable state of its own: a global array is frozen into the
+compiled code as a constant. The solvers ask for their buffer at each call instead, through one
+C-callable function, ``buffer(key, size)`` → the address of a float64 array of `size` elements
+owned by this module for the pair (key, calling thread). The function is registered with LLVM
+under our own symbol name at import, as `pymc_optim.linalg._cholesky` registers its LAPACK
+symbols, so a solver that numba cached on disk links to this process's function.
+
+A buffer is zeros when first handed out, and again whenever `size` changes; its contents are
+the caller's. Each OS thread has its own buffers (a nutpie chain's thread, a ``pm.sample``
+process), so chains never read each other's state. Threads that end leave their buffers here:
+a few vectors each, bounded by `MAX_THREADS` per key.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections import OrderedDict
+
+import numba
+import numpy as np
+from numba import types
+from numba.extending import intrinsic
+
+__all__ = ["MAX_THREADS", "solver_buffer"]
+
+#: Buffers kept per key: the least recently served thread's go first.
+MAX_THREADS = 64
+
+_SYMBOL = "pymc_optim_solver_buffer"
+_BUFFERS: dict[int, OrderedDict[int, np.ndarray]] = {}
+
+
+def _buffer(key: int, size: int) -> int:
+    """The address of the (key, this thread) buffer of `size` float64 elements, 0 on failure."""
+    try:
+        per_thread = _BUFFERS.setdefault(key, OrderedDict())
+        thread = threading.get_ident()
+        buffer = per_thread.get(thread)
+        if buffer is None or buffer.size != size:
+            buffer = per_thread[thread] = np.zeros(max(size, 1))[:size]
+        per_thread.move_to_end(thread)
+        while len(per_thread) > MAX_THREADS:
+            per_thread.popitem(last=False)
+        return buffer.ctypes.data
+    except MemoryError:
+        return 0
+
+
+# Kept referenced for the life of the process: LLVM holds only its address.
+_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64, ctypes.c_int64)(_buffer)
+
+
+def _register():
+    import llvmlite.binding as llvm
+
+    llvm.add_symbol(_SYMBOL, ctypes.cast(_CALLBACK, ctypes.c_void_p).value)
+    return types.ExternalFunction(_SYMBOL, types.int64(types.int64, types.int64))
+
+
+_buffer_address = _register()
+
+
+@intrinsic
+def _as_array_pointer(typingctx, address):
+    """An int64 address as a float64 pointer (for `numba.carray`)."""
+    signature = types.CPointer(types.float64)(types.int64)
+
+    def codegen(context, builder, sig, args):
+        pointer_type = context.get_value_type(sig.return_type)
+        return builder.inttoptr(args[0], pointer_type)
+
+    return signature, codegen
+
+
+@numba.njit(cache=True)
+def solver_buffer(key, size):
+    """This thread's float64 buffer for `key`, of `size` elements (numba code only); empty if
+    it could not be allocated."""
+    address = _buffer_address(key, size)
+    if address == 0:
+        return np.zeros(0)
+    return numba.carray(_as_array_pointer(address), (size,))
