@@ -127,8 +127,30 @@ def newton_counts(model, fn, points):
             fn(p)
     finally:
         del op.solve
-    # under NUMBA the loop is compiled and never calls `solve`: no counts (shown blank)
-    return op, np.mean(counts, axis=0) if counts else ("", "")
+    if not counts:  # a compiled loop (numba) never calls `solve`: read the Op's outputs
+        counts = compiled_counts(model, node, fn, points)
+    return op, np.mean(counts, axis=0)
+
+
+def compiled_counts(model, node, fn, points):
+    """Iterations and evaluations per solve along the points, from a function of the Op's
+    counters compiled in `fn`'s mode: it shares `fn`'s warm-start state (the solver's, kept per
+    thread), so along the same points it starts where `fn` would."""
+    import numpy as np
+    import pytensor
+
+    k = node.op.n_controls
+    outputs = model.replace_rvs_by_values(node.outputs[k + 1 : k + 3])
+    mode = fn._pytensor_function.maker.mode
+    counters = pytensor.function(model.value_vars, outputs, mode=mode, on_unused_input="ignore")
+    sizes = [int(np.prod(v.type.shape)) for v in model.value_vars]
+    splits = np.cumsum(sizes)[:-1]
+    counts = []
+    for p in points:
+        values = zip(np.split(np.asarray(p), splits), model.value_vars, strict=True)
+        iterations, evaluations = counters(*(v.reshape(var.type.shape) for v, var in values))
+        counts.append([int(np.sum(iterations)), int(np.sum(evaluations))])
+    return counts
 
 
 def breakdown(op, fn, points, calls):
