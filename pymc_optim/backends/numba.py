@@ -39,7 +39,6 @@ Newton, ``update(z) -> T(z)`` for fixed points.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import inspect
 import math
@@ -71,9 +70,8 @@ from pymc_optim.backends.iterations import (
     STEP_TOL,
 )
 from pymc_optim.backends.newton import CANONICAL_BITS, NewtonOp, extrapolated_start
-from pymc_optim.backends.numba_state import solver_buffer
+from pymc_optim.backends.numba_runtime import BLAS_THREADS_SETTABLE, set_blas_threads, solver_buffer
 from pymc_optim.graph.solver_op import SolverOp, inner_mode
-from pymc_optim.linalg import _cholesky
 from pymc_optim.linalg.structure import LinearStructure
 from pymc_optim.model.failure import FAILED_EVALUATIONS, CountFailures
 
@@ -87,33 +85,6 @@ _ANDERSON_MEMORY = inspect.signature(_iterations.anderson).parameters["memory"].
 
 #: Part of every cache key: a change to this module invalidates numba's on-disk cache.
 _SOURCE_KEY = sha256(Path(__file__).read_bytes()).hexdigest()
-
-
-def _blas_threads_function():
-    """`openblas_set_num_threads_local` callable from numba (the symbol registered under our
-    own name, as `_cholesky`'s LAPACK kernels are), or a no-op where scipy's BLAS has none.
-
-    Every solver runs its loop with the calling thread's BLAS and LAPACK calls on one thread:
-    its matrices gain nothing from OpenBLAS's threads, a threaded call waits for a descheduled
-    thread on a busy machine, and OpenBLAS's threaded LU (n ≥ 150 here) puts megabytes on the
-    caller's stack, past the 2 MiB of a nutpie chain's thread (a segmentation fault)."""
-    setter = _cholesky.SET_BLAS_THREADS
-    if setter is None:
-
-        @_njit
-        def keep(n):
-            return n
-
-        return keep
-    import llvmlite.binding as llvm
-    from numba import types
-
-    name = "pymc_optim_openblas_set_num_threads_local"
-    llvm.add_symbol(name, ctypes.cast(setter, ctypes.c_void_p).value)
-    return types.ExternalFunction(name, types.intc(types.intc))
-
-
-_set_blas_threads = _blas_threads_function()
 
 
 # --- inner graphs ------------------------------------------------------------------------------
@@ -795,7 +766,7 @@ def _adapters(op: SolverOp, node, inputs, inner_outputs: dict):
 def _solver(op: SolverOp, env: dict, src: str, loop, keys: list, options: tuple):
     """The Op's numba function running `loop`, and its cache key (None if a part has none)."""
     announce_compilation("numba", f"a graph-native {type(op).__name__} solve")
-    env["loop"], env["set_blas_threads"] = loop, _set_blas_threads
+    env["loop"], env["set_blas_threads"] = loop, set_blas_threads
     solver = _njit(compile_numba_function_src(src, "solver", env))
     if any(key is None for key in keys):
         return solver, None
@@ -835,9 +806,8 @@ def _newton_numba(op: NewtonOp, node=None, **kwargs):
         final_step=not sequential,
         chord=sequential,
     )
-    blas_threads = _cholesky.SET_BLAS_THREADS is not None
     options = (op.minimization, op.tol, op.max_iter, structure.kind, structure.block_size)
-    options = (*options, blas_threads, warm_start, sequential, bool(op.predictor))
+    options = (*options, BLAS_THREADS_SETTABLE, warm_start, sequential, bool(op.predictor))
     keys = [*keys, solve_key, positive_definite_key, finite_key]
     # the state of solvers compiled alike is shared (in each thread): it only moves the start
     state_key = 2 * (int(_cache_key(op, src, keys, options)[:15], 16) >> 1)
@@ -859,8 +829,9 @@ def _fixed_point_numba(op: FixedPointOp, node=None, **kwargs):
     env, src, keys = _adapters(op, node, [*xs, *params], {"update": [update]})
     make_loop = _anderson_loop if op.method == "anderson" else _fixed_point_loop
     loop = make_loop(env["update"], tol=float(op.tol), max_iter=int(op.max_iter))
-    blas_threads = _cholesky.SET_BLAS_THREADS is not None
-    return _solver(op, env, src, loop, keys, (op.method, op.tol, op.max_iter, blas_threads))
+    return _solver(
+        op, env, src, loop, keys, (op.method, op.tol, op.max_iter, BLAS_THREADS_SETTABLE)
+    )
 
 
 @register_funcify_and_cache_key(CountFailures)
@@ -885,3 +856,7 @@ def _count_failures_numba(op: CountFailures, node=None, **kwargs):
         return success
 
     return count_failures, None
+
+
+# the sparse Cholesky Ops' implementations register with pytensor's numba dispatch on import
+from pymc_optim.backends import numba_sparse as _numba_sparse  # noqa: E402, F401

@@ -237,8 +237,7 @@ def test_nutpie_samples_a_graph_native_minimize_natively():
 @pytest.mark.slow
 def test_sparse_newton_solves_by_the_sparse_cholesky_under_numba():
     """`structure=SparseStructure` (the sparse Laplace Hessian): the numba loop's Newton direction
-    is the sparse Cholesky solve, as the numpy loop's (before: a NotImplementedError about
-    non-symmetric Jacobians). The sparse Ops run in object mode inside the native loop; solution,
+    is the sparse Cholesky solve, as the numpy loop's, run natively (no object mode); solution,
     success, counters and implicit gradient equal the default mode's."""
     from pymc_optim.linalg.sparse import SparseStructure
 
@@ -252,7 +251,8 @@ def test_sparse_newton_solves_by_the_sparse_cholesky_under_numba():
     outputs = diagnostics(x_star, success, [a])
     values = [[np.array([1.0, 2.0, 0.5, 3.0, 1.5, 0.2])]]
     (want,), _ = run([a], values, outputs, mode=None)
-    (got,), _ = run([a], values, outputs, mode="NUMBA")
+    (got,), object_mode = run([a], values, outputs, mode="NUMBA")
+    assert not object_mode, object_mode
     assert bool(want[1]) and want[2] > 1  # converged, in several Newton steps
     for g, w in zip(got, want, strict=True):
         if w.dtype.kind in "bi":
@@ -323,7 +323,7 @@ def test_laplace_warm_start_under_numba_does_not_depend_on_the_history():
     import pymc as pm
     from cases import poisson_intercepts, raveled
 
-    from pymc_optim.backends import numba_state
+    from pymc_optim.backends import numba_runtime
 
     warm = pmo.marginalize_laplace(poisson_intercepts(), "u", warm_start=True)
     outputs = [
@@ -343,7 +343,7 @@ def test_laplace_warm_start_under_numba_does_not_depend_on_the_history():
             f_numba(*raveled(warm, *here))
         target = raveled(warm, *rng.normal(centre, 0.3))
         value, grad = f_numba(*target)
-        numba_state._BUFFERS.clear()
+        numba_runtime._BUFFERS.clear()
         fresh_value, fresh_grad = f_numba(*target)
         assert value == fresh_value
         np.testing.assert_array_equal(grad, fresh_grad)
@@ -358,15 +358,15 @@ def test_laplace_warm_start_under_numba_falls_back_to_the_cold_start():
     canonical step, and the finite mode it reaches replaces the stored one."""
     from cases import counters, poisson_intercepts
 
-    from pymc_optim.backends import numba_state
+    from pymc_optim.backends import numba_runtime
 
     warm = pmo.marginalize_laplace(poisson_intercepts(), "u", warm_start=True)
     cold = pmo.marginalize_laplace(poisson_intercepts(), "u", warm_start=False)
     c_warm, c_cold = counters(warm, mode="NUMBA"), counters(cold, mode="NUMBA")
     theta = (0.4, np.log(0.6))
-    numba_state._BUFFERS.clear()
+    numba_runtime._BUFFERS.clear()
     assert c_warm(*theta)[0]
-    ((state,),) = [list(buffers.values()) for buffers in numba_state._BUFFERS.values()]
+    ((state,),) = [list(buffers.values()) for buffers in numba_runtime._BUFFERS.values()]
     n_theta, n = int(state[1]), int(state[2])
     assert n == 30  # [count, len θ, len z], then (θ, z)
     state[0] = 1.0

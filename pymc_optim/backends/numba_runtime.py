@@ -1,4 +1,5 @@
-"""Per-thread buffers that compiled numba solvers keep between calls (warm starts, chord steps).
+"""What compiled numba code needs from the process: per-thread buffers kept between calls (warm
+starts, chord steps, the last sparse factor) and the calling thread's BLAS thread count.
 
 A numba function cannot hold mutable state of its own: a global array is frozen into the
 compiled code as a constant. The solvers ask for their buffer at each call instead, through one
@@ -24,7 +25,9 @@ import numpy as np
 from numba import types
 from numba.extending import intrinsic
 
-__all__ = ["MAX_THREADS", "solver_buffer"]
+from pymc_optim.linalg import _cholesky
+
+__all__ = ["BLAS_THREADS_SETTABLE", "MAX_THREADS", "set_blas_threads", "solver_buffer"]
 
 #: Buffers kept per key: the least recently served thread's go first.
 MAX_THREADS = 64
@@ -83,3 +86,32 @@ def solver_buffer(key, size):
     if address == 0:
         return np.zeros(0)
     return numba.carray(_as_array_pointer(address), (size,))
+
+
+def _blas_threads_function():
+    """`openblas_set_num_threads_local` callable from numba (the symbol registered under our
+    own name, as `_cholesky`'s LAPACK kernels are), or a no-op where scipy's BLAS has none."""
+    setter = _cholesky.SET_BLAS_THREADS
+    if setter is None:
+
+        @numba.njit(cache=True)
+        def keep(n):
+            return n
+
+        return keep
+    import llvmlite.binding as llvm
+
+    name = "pymc_optim_openblas_set_num_threads_local"
+    llvm.add_symbol(name, ctypes.cast(setter, ctypes.c_void_p).value)
+    return types.ExternalFunction(name, types.intc(types.intc))
+
+
+#: ``set_blas_threads(n)`` → the previous count, for the calling thread (numba code only).
+#: Solvers and sparse kernels run with one: their matrices gain nothing from OpenBLAS's
+#: threads, a threaded call waits for a descheduled thread on a busy machine, and OpenBLAS's
+#: threaded LU (n ≥ 150 here) puts megabytes on the caller's stack, past the 2 MiB of a nutpie
+#: chain's thread (a segmentation fault).
+set_blas_threads = _blas_threads_function()
+
+#: Whether `set_blas_threads` changes anything (part of the cache keys of code that calls it).
+BLAS_THREADS_SETTABLE = _cholesky.SET_BLAS_THREADS is not None
