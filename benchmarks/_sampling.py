@@ -25,6 +25,7 @@ def sample_pymc(model, draws: int, tune: int, chains: int, seed: int, *, quiet: 
             chains=chains,
             cores=1,
             random_seed=seed,
+            nuts_sampler="pymc",  # PyMC 6 picks nutpie by default when it is installed
             progressbar=False,
             compute_convergence_checks=False,
             discard_tuned_samples=False,

@@ -16,12 +16,14 @@ Models (simulated once per G with a fixed seed; θ are the hyperparameters, u th
 * ``negbin``: ``y ~ NegativeBinomial(mu=exp(mu + u_g), alpha)``, ``alpha ~ HalfNormal(5)``,
   5 counts per group. Target ≥ 3x.
 
-Contenders, each sampled by PyMC's NUTS (C backend) and by nutpie (numba backend)
----------------------------------------------------------------------------------
+Contenders, each sampled by PyMC's NUTS and by nutpie, in PyTensor's default backend (numba)
+-------------------------------------------------------------------------------------------
 * marginal: ``pmo.marginalize_laplace(model, "u")`` (structure ``"auto"``, found diagonal).
-  Under PyMC also with ``warm_start=False`` (the warm start is C-backend only; nutpie's
-  solves start cold); for PyMC the table gives the Newton iterations and evaluations per
-  inner solve, counted during the run (tuning included).
+  Under PyMC also with ``warm_start=False``. The warm start and the Newton counts below exist
+  where the solve runs in Python (``NewtonOp.solve``, as in the C backend); under numba the
+  compiled loop starts every solve cold and does not call it, so the count column stays empty.
+  PyMC's NUTS is asked for by name (``nuts_sampler="pymc"``): PyMC 6 picks nutpie when it is
+  installed.
 * full, centered (u ~ N(0, sigma)) and non-centered (u = sigma·z): the ratio is taken against
   the better of the two, same sampler.
 
