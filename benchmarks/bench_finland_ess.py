@@ -44,7 +44,8 @@ SAMPLERS = {"pymc": sample_pymc, "nutpie": sample_nutpie}
 
 
 def row(name: str, posterior, seconds: float, steps: int) -> dict:
-    ess = float(min(az.ess(posterior[v], method="bulk").to_array().min() for v in HYPER))
+    bulk = az.ess(posterior, var_names=HYPER, method="bulk")  # ArviZ 1: a DataTree node
+    ess = min(float(bulk[v].min()) for v in HYPER)
     means = {v: float(posterior[v].mean()) for v in HYPER}
     return {"name": name, "ess": ess, "seconds": seconds, "steps": steps, **means}
 
