@@ -70,7 +70,12 @@ from pymc_optim.backends.iterations import (
     STEP_TOL,
 )
 from pymc_optim.backends.newton import CANONICAL_BITS, NewtonOp, extrapolated_start
-from pymc_optim.backends.numba_runtime import BLAS_THREADS_SETTABLE, set_blas_threads, solver_buffer
+from pymc_optim.backends.numba_runtime import (
+    BLAS_THREADS_SETTABLE,
+    copy_into,
+    set_blas_threads,
+    solver_buffer,
+)
 from pymc_optim.graph.solver_op import SolverOp, inner_mode
 from pymc_optim.linalg.structure import LinearStructure
 from pymc_optim.model.failure import FAILED_EVALUATIONS, CountFailures
@@ -136,6 +141,34 @@ def _max_abs(v):
             return np.nan
         if a > out:
             out = a
+    return out
+
+
+@_njit
+def _where_rows(flags, owner, a, b):
+    """``np.where(flags[owner], a, b)``: per element, a where its problem's flag is set."""
+    out = np.empty(a.size)
+    for i in range(a.size):
+        out[i] = a[i] if flags[owner[i]] else b[i]
+    return out
+
+
+@_njit
+def _where(flags, a, b):
+    """``np.where(flags, a, b)`` on per-problem vectors of one shape."""
+    out = np.empty(a.size)
+    for i in range(a.size):
+        out[i] = a[i] if flags[i] else b[i]
+    return out
+
+
+@_njit
+def _step_rows(flags, owner, z, t, d):
+    """``np.where(flags[owner], z + t[owner] * d, z)``: the step of length t (per problem)."""
+    out = np.empty(z.size)
+    for i in range(z.size):
+        b = owner[i]
+        out[i] = z[i] + t[b] * d[i] if flags[b] else z[i]
     return out
 
 
@@ -283,14 +316,14 @@ def _newton_loop(
             _stop(running, success, n_iterations, converged, ok, iteration)
             if final_step:  # the final Newton step: no evaluation, the error squared
                 final = converged & success & _rows_finite(d, rows)
-                z = np.where(final[owner], z + d, z)
+                z = _where_rows(final, owner, z + d, z)
             if iteration == max_iter or not np.any(running):
                 break
             if minimization:
                 slope = _rows_dot(F, d, rows)
                 is_newton_step = np.isfinite(slope) & (slope < 0)
-                d = np.where(is_newton_step[owner], d, -F)
-                slope = np.where(is_newton_step, slope, -_rows_dot(F, F, rows))
+                d = _where_rows(is_newton_step, owner, d, -F)
+                slope = _where(is_newton_step, slope, -_rows_dot(F, F, rows))
             else:
                 is_newton_step = _rows_finite(d, rows)
                 _stop(running, success, n_iterations, running & ~is_newton_step, nothing, iteration)
@@ -298,14 +331,14 @@ def _newton_loop(
             tiny = _rows_max_abs(d, rows) <= STEP_TOL * (1.0 + _rows_max_abs(z, rows))
             tiny = running & is_newton_step & tiny
             if np.any(tiny):
-                z = np.where(tiny[owner], z + d, z)
+                z = _where_rows(tiny, owner, z + d, z)
                 tiny_ok = tiny.copy()
                 if minimization:
                     tiny_ok = tiny_ok & positive_definite(A, owner, n_problems)
                 _stop(running, success, n_iterations, tiny, tiny_ok, iteration + 1)
             if not np.any(running):
                 break
-            z_full = np.where(running[owner], z + d, z)
+            z_full = _where_rows(running, owner, z + d, z)
             m_full, F_full, A_full = system(z_full, args)
             n_evaluations += running
             finite_full = np.isfinite(m_full) & _rows_finite(F_full, rows)
@@ -321,25 +354,25 @@ def _newton_loop(
                     _stop(running, success, n_iterations, stalled, stalled_ok, iteration + 1)
             backtrack = running & ~accepted
             if not np.any(backtrack):
-                z = np.where(accepted[owner], z_full, z)
+                z = _where_rows(accepted, owner, z_full, z)
                 m, F, A = m_full, F_full, A_full
                 continue
-            t = np.where(accepted, 1.0, 0.0)
+            t = accepted.astype(np.float64)
             t_try = np.ones(n_problems)
             searching = backtrack.copy()
             fresh = backtrack & running
             settled = False
             z_new, m_new, F_new, A_new = z, m, F, A
             for _ in range(MAX_BACKTRACKS - 1):
-                t_try = np.where(searching, 0.5 * t_try, t_try)
-                trial = merit(np.where(searching[owner], z + t_try[owner] * d, z), args)
+                t_try = _where(searching, 0.5 * t_try, t_try)
+                trial = merit(_step_rows(searching, owner, z, t_try, d), args)
                 n_evaluations += searching
                 found = searching & (trial <= m + ARMIJO * t_try * slope)  # False for NaN
-                t = np.where(found, t_try, t)
+                t = _where(found, t_try, t)
                 searching = searching & ~found
                 if np.any(searching):
                     continue
-                z_new = np.where(running[owner], z + t[owner] * d, z)
+                z_new = _step_rows(running, owner, z, t, d)
                 m_new, F_new, A_new = system(z_new, args)
                 n_evaluations += fresh
                 finite_new = np.isfinite(m_new) & _rows_finite(F_new, rows)
@@ -351,7 +384,7 @@ def _newton_loop(
                     break
             if not settled:
                 _stop(running, success, n_iterations, searching, nothing, iteration)
-                z_new = np.where(running[owner], z + t[owner] * d, z)
+                z_new = _step_rows(running, owner, z, t, d)
                 m_new, F_new, A_new = system(z_new, args)
                 n_evaluations += fresh & running
                 # (the system at the point of a search ended early is checked at the next
@@ -458,7 +491,7 @@ def _newton_driver(newton, canonical, *, warm_start: bool, sequential: bool, pre
             if header.size == 2 and np.all(success):
                 data = solver_buffer(key + 1, A.size)
                 if data.size == A.size:
-                    data[:] = np.ascontiguousarray(A).reshape(A.size)
+                    copy_into(data, 0, np.ascontiguousarray(A).reshape(A.size))
                     header[0], header[1] = 1.0, A.size
             return z, success, n_iterations, n_evaluations
 
@@ -479,23 +512,20 @@ def _newton_driver(newton, canonical, *, warm_start: bool, sequential: bool, pre
         state = solver_buffer(key, _WARM_HEADER + 2 * (p + n))
         start = _warm_start_point(state, theta, n, predictor)
         n_problems = rows.shape[0]
-        z = z0
-        success = np.zeros(n_problems, dtype=np.bool_)
         n_iterations = np.zeros(n_problems, dtype=np.int64)
         n_evaluations = np.zeros(n_problems, dtype=np.int64)
-        if start.size == n:
-            try:
-                z, success, n_iterations, n_evaluations, _ = newton(start, args, rows, nothing)
-            except Exception:  # raised along the warm path: the cold start decides
-                success[:] = False
-        if start.size != n:
-            z, success, n_iterations, n_evaluations, _ = newton(z0, args, rows, nothing)
-        elif not np.all(success):  # the counters include both solves
-            z, success, more_iterations, more_evaluations, _ = newton(z0, args, rows, nothing)
-            n_iterations = n_iterations + more_iterations
-            n_evaluations = n_evaluations + more_evaluations
+        # from the warm start, then (if there is none or it fails) from z0; one call site of
+        # the loop, which LLVM would otherwise inline once per call
+        warm = start.size == n
+        for attempt in range(2):
+            begin = start if warm and attempt == 0 else z0
+            z, success, iterations, evaluations, _ = newton(begin, args, rows, nothing)
+            n_iterations += iterations  # the counters include both solves
+            n_evaluations += evaluations
+            if not warm or attempt == 1 or np.all(success):
+                break
         z, more_evaluations = canonical(z, success, args, rows)
-        n_evaluations = n_evaluations + more_evaluations
+        n_evaluations += more_evaluations
         if np.all(success) and state.size:
             _remember(state, theta, z)
         return z, success, n_iterations, n_evaluations
@@ -533,13 +563,14 @@ def _remember(state, theta, z):
     p, n = theta.size, z.size
     newer, older = _WARM_HEADER, _WARM_HEADER + p + n
     if state[0] >= 1 and state[1] == p and state[2] == n:
-        state[older : older + p + n] = state[newer : newer + p + n]
+        for i in range(p + n):
+            state[older + i] = state[newer + i]
         state[0] = 2.0
     else:
         state[0] = 1.0
     state[1], state[2] = p, n
-    state[newer : newer + p] = theta
-    state[newer + p : newer + p + n] = z
+    copy_into(state, newer, theta)
+    copy_into(state, newer + p, z)
 
 
 def _fixed_point_loop(update, *, tol: float, max_iter: int):

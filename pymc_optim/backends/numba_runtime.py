@@ -27,7 +27,13 @@ from numba.extending import intrinsic
 
 from pymc_optim.linalg import _cholesky
 
-__all__ = ["BLAS_THREADS_SETTABLE", "MAX_THREADS", "set_blas_threads", "solver_buffer"]
+__all__ = [
+    "BLAS_THREADS_SETTABLE",
+    "MAX_THREADS",
+    "copy_into",
+    "set_blas_threads",
+    "solver_buffer",
+]
 
 #: Buffers kept per key: the least recently served thread's go first.
 MAX_THREADS = 64
@@ -86,6 +92,14 @@ def solver_buffer(key, size):
     if address == 0:
         return np.zeros(0)
     return numba.carray(_as_array_pointer(address), (size,))
+
+
+@numba.njit(cache=True)
+def copy_into(target, offset, source):
+    """``target[offset : offset + source.size] = source.ravel()`` by a loop: numba's slice
+    assignment compiles its shape-mismatch message, seconds of compile time per caller."""
+    for i in range(source.size):
+        target[offset + i] = source.flat[i]
 
 
 def _blas_threads_function():

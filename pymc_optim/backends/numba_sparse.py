@@ -19,6 +19,7 @@ from pytensor.link.numba.dispatch.basic import numba_njit, register_funcify_and_
 
 from pymc_optim.backends.numba_runtime import (
     BLAS_THREADS_SETTABLE,
+    copy_into,
     set_blas_threads,
     solver_buffer,
 )
@@ -93,8 +94,8 @@ def _factor_function(pattern: SparsePattern):
         x, failed = factorize(values)
         state[0] = 0.0  # (filled last: an interrupted write leaves it empty)
         state[1] = failed
-        state[2 : 2 + nnz] = values
-        state[2 + nnz :] = x
+        copy_into(state, 2, values)
+        copy_into(state, 2 + nnz, x)
         state[0] = 1.0
         return x, failed
 
@@ -118,7 +119,9 @@ def _right_hand_side_kernel(pattern: SparsePattern, *, permute, forward, backwar
         columns = b.reshape((n, -1)) if b.flags.c_contiguous else b.copy().reshape((n, -1))
         y = np.empty(columns.shape)
         for i in range(n):
-            y[i] = columns[perm[i]] if permute else columns[i]
+            row = perm[i] if permute else i
+            for j in range(y.shape[1]):
+                y[i, j] = columns[row, j]
         if forward:
             forward_blocks(sn_start, sn_xptr, sn_rowptr, sn_rows, x, y)
         if backward:
@@ -127,7 +130,8 @@ def _right_hand_side_kernel(pattern: SparsePattern, *, permute, forward, backwar
             return y.reshape(b.shape)
         out = np.empty(y.shape)
         for i in range(n):
-            out[perm[i]] = y[i]
+            for j in range(y.shape[1]):
+                out[perm[i], j] = y[i, j]
         return out.reshape(b.shape)
 
     return kernel
@@ -156,22 +160,35 @@ def _of_values(factor, kernel, batched: bool, width: int):
             x, failed = factor(np.ascontiguousarray(values), True)
             out = np.full(width, np.nan)
             if failed < 0:
-                out[:] = kernel(x)
+                copy_into(out, 0, kernel(x))
             set_blas_threads(threads)
             return out
 
         return of_one_matrix
 
-    shape = () if width == 0 else (width,)
+    if width == 0:
+
+        @numba_njit
+        def scalar_of_each_matrix(values):
+            threads = set_blas_threads(1)
+            out = np.full(values.shape[0], np.nan)
+            for b in range(values.shape[0]):
+                x, failed = factor(np.ascontiguousarray(values[b]), False)
+                if failed < 0:
+                    out[b] = kernel(x)
+            set_blas_threads(threads)
+            return out
+
+        return scalar_of_each_matrix
 
     @numba_njit
     def of_each_matrix(values):
         threads = set_blas_threads(1)
-        out = np.full((values.shape[0],) + shape, np.nan)
+        out = np.full((values.shape[0], width), np.nan)
         for b in range(values.shape[0]):
             x, failed = factor(np.ascontiguousarray(values[b]), False)
             if failed < 0:
-                out[b] = kernel(x)
+                copy_into(out[b], 0, kernel(x))
         set_blas_threads(threads)
         return out
 
@@ -200,7 +217,7 @@ def _of_values_and_rhs(factor, kernel, batched: bool):
         for b in range(values.shape[0]):
             x, failed = factor(np.ascontiguousarray(values[b]), False)
             if failed < 0:
-                out[b] = kernel(x, rhs[b])
+                copy_into(out[b], 0, kernel(x, rhs[b]))
         set_blas_threads(threads)
         return out
 
