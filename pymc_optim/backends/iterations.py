@@ -1,8 +1,8 @@
 """The graph-native solvers' iterations in numpy: damped Newton, fixed-point and Anderson.
 
-:mod:`pymc_optim.backends.numba` is a line-for-line port of these loops (a duplicate-code scan
-pairs the two): numba's nopython mode cannot call these functions, which use Python scalars,
-exceptions and numpy's fancy indexing, so it has its own. Change both together; the numba tests
+:mod:`pymc_optim.backends.numba` is a line-for-line port of these loops: numba's nopython mode
+cannot call these functions, which use Python scalars, exceptions and numpy's fancy indexing, so
+it has its own. Change both together; the numba tests
 compare their iterates and counters with this module's.
 
 These loops call compiled inner graphs (no scipy); the JAX backend runs the same loops with

@@ -1,9 +1,9 @@
 """Numba backend: the graph-native loops compiled with numba, no object mode.
 
-This module is a line-for-line port of :mod:`pymc_optim.backends.iterations` (a duplicate-code
-scan pairs the two): numba's nopython mode needs its own njit functions, closed over the Op's
-compiled inner graphs, and cannot call the numpy loops (Python scalars, exceptions, fancy
-indexing). Change both together; tests/backends/test_numba.py checks that they agree.
+This module is a line-for-line port of :mod:`pymc_optim.backends.iterations`: numba's nopython
+mode needs its own njit functions, closed over the Op's compiled inner graphs, and cannot call
+the numpy loops (Python scalars, exceptions, fancy indexing). Change both together;
+tests/backends/test_numba.py checks that they agree.
 
 Imported by the package only when numba is installed; registers numba implementations of
 `NewtonOp` and `FixedPointOp` (methods ``"iteration"`` and ``"anderson"``) so that
@@ -25,13 +25,17 @@ Newton, ``update(z) -> T(z)`` for fixed points.
   under which ``numpy.linalg.solve`` raises ``LinAlgError`` (gesv = getrf + getrs), and the
   numpy loop then puts NaN in the singular blocks, so a singular system takes the same branch
   as there: for minimization the step falls back to −F, for root finding the solve stops with
-  ``success=False``. ``sparse`` runs the sparse Cholesky solve (in object mode), NaN where A is
-  not positive definite, as its ``solve_numpy`` raising does in the numpy loop. The curvature
+  ``success=False``. ``sparse`` runs the sparse Cholesky solve (natively,
+  `pymc_optim.backends.numba_sparse`), NaN where A is not positive definite, as its
+  ``solve_numpy`` raising does in the numpy loop. The curvature
   test at a minimum is the structure's own (`LinearStructure.positive_definite`: pytensor's
   numba ``Cholesky`` with ``on_error="nan"`` per block, A > 0 on a diagonal), compiled by
   pytensor's numba backend.
 * Batches (``NewtonOp.batch_ndim``): the loop takes ``rows`` (B, n), problem b's elements of z,
   and decides per problem, as the numpy loop does.
+* The state `NewtonOp` keeps between solves (the warm start and its canonical step, the chord
+  steps of `newton.sequential_solve`) lives in per-thread buffers of
+  `pymc_optim.backends.numba_runtime`, keyed by the compiled solver.
 * Nothing raises out of the loop. As in ``SolverOp.perform``, an exception from the inner graphs
   (e.g. PyMC's parameter checks) is caught and reported as NaN solutions with
   ``success=False`` and counters −1.
@@ -467,11 +471,14 @@ def _canonical_step_function(system, solve):
 def _newton_driver(newton, canonical, *, warm_start: bool, sequential: bool, predictor: bool, key):
     """``driver(z0, args, rows, theta, continued)`` → ``(z, success, n_iterations,
     n_evaluations)``: the loop as `NewtonOp.solve` runs it, with this thread's state kept in
-    `numba_state` buffers under `key` (and ``key + 1``).
+    `numba_runtime` buffers under `key` (and ``key + 1``).
 
     * `warm_start`: from the last successful solution of this solver in this thread (moved
       along the secant of the last two with `predictor`), from z0 again if that fails, then
       `canonical`; a successful solve is remembered with θ (`theta`, the float parameters).
+      An exception raised along the warm path fails the solve (the numpy loop repeats it
+      from z0): the inner graphs' parameter checks are −inf there (`INNER_REWRITES`), and a
+      try block here doubled the loop's compile time.
     * `sequential`: chord steps on the last successful solve's Jacobian unless `continued` is
       False (a new sequence); the loop compiled with ``final_step=False``.
     """
