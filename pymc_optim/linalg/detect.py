@@ -74,6 +74,7 @@ from pytensor.tensor.linalg import CholeskySolve, Solve, SolveTriangular
 from pytensor.tensor.math import Dot, Sum
 from pytensor.tensor.shape import Reshape, SpecifyShape
 
+from pymc_optim._modes import PYTHON_MODE
 from pymc_optim.linalg.structure import LinearStructure
 
 __all__ = [
@@ -88,6 +89,7 @@ __all__ = [
     "hessian_structure",
     "jacobian_structure",
     "numeric_pattern",
+    "resolve_hessian_structure",
     "resolve_structure",
     "sparse_hessian_structure",
     "sparse_jacobian_structure",
@@ -795,33 +797,74 @@ def resolve_structure(
     """
     xs = problem.inner_xs
     shapes = _x0_shapes(x0, xs)
-    if structure == SPARSE:
+    pattern = lambda: _solver_pattern(problem, residual, x0)
+    if objective is not None:
+        return resolve_hessian_structure(
+            structure, objective, xs, shapes=shapes, pattern=pattern, argument=argument, what=what
+        )
+    if structure == SPARSE:  # a root's or fixed point's Jacobian: no symmetry, a sparse LU
         sizes = _control_sizes(xs, shapes)
         if sizes is not None and shapes is not None:
-            residual, objective, xs = _with_shapes(residual, objective, xs, shapes)
-        if objective is None:  # a root's or fixed point's Jacobian: no symmetry, a sparse LU
-            return sparse_jacobian_structure(residual, xs, sizes, argument=argument)
-        return sparse_hessian_structure(objective, xs, sizes, required=True, argument=argument)
-    if objective is not None:
-        proved = hessian_structure(objective, xs, shapes)
-    else:
-        proved = jacobian_structure(residual, xs, shapes)
+            residual, _, xs = _with_shapes(residual, None, xs, shapes)
+        return sparse_jacobian_structure(residual, xs, sizes, argument=argument)
+    proved = jacobian_structure(residual, xs, shapes)
     if structure == AUTO:
-        sizes = _control_sizes(xs, shapes)
-        if proved.kind == "dense" and objective is not None and sizes is not None:
+        return proved
+    verify_structure(structure, proved, pattern, argument=argument, what=what)
+    return structure
+
+
+def resolve_hessian_structure(
+    structure,
+    objective: Variable,
+    xs: Sequence[Variable],
+    *,
+    shapes: Sequence[tuple] | None = None,
+    pattern: Callable[[], np.ndarray | None],
+    argument: str = "structure",
+    what: str = "A = ∂F/∂x",
+) -> LinearStructure:
+    """The layout of ∇²ₓ `objective`: the one policy of the solvers and the Laplace marginal.
+
+    ``"sparse"``: a sparse layout on the pattern read off the graph
+    (:func:`sparse_hessian_structure`, a ValueError naming `argument` where it cannot be read).
+    ``"auto"``: the structural reading (:func:`hessian_structure`) where it proves a diagonal
+    or block-diagonal layout; else a sparse layout where it pays; else ``"dense"``, which
+    means "not proved by the graph" (a caller with values for every input may then probe the
+    pattern numerically, as the Laplace marginal does). An explicit structure is verified:
+    against the structural reading, then, where that does not prove it, against `pattern()`
+    (:func:`verify_structure`).
+
+    Parameters
+    ----------
+    structure : "auto", "sparse" or LinearStructure
+    objective : Variable
+        The scalar whose Hessian in `xs` is the matrix.
+    xs : sequence of Variable
+        The controls.
+    shapes : sequence of tuple, optional
+        The controls' shapes where their static types leave them unknown (x0's).
+    pattern : callable
+        The numerical pattern of the matrix (:func:`numeric_pattern`), or None where it
+        cannot be computed; called only to verify an explicit structure.
+    argument, what : str
+        How the errors name the argument and the matrix.
+    """
+    sizes = _control_sizes(xs, shapes)
+    if structure == SPARSE:
+        if sizes is not None and shapes is not None:
+            _, objective, xs = _with_shapes([], objective, xs, shapes)
+        return sparse_hessian_structure(objective, xs, sizes, required=True, argument=argument)
+    proved = hessian_structure(objective, xs, shapes)
+    if structure == AUTO:
+        if proved.kind == "dense" and sizes is not None:
             if shapes is not None:
-                _, objective, xs = _with_shapes(residual, objective, xs, shapes)
+                _, objective, xs = _with_shapes([], objective, xs, shapes)
             found = sparse_hessian_structure(objective, xs, sizes)
             if found is not None:
                 return found
         return proved
-    verify_structure(
-        structure,
-        proved,
-        lambda: _solver_pattern(problem, residual, x0),
-        argument=argument,
-        what=what,
-    )
+    verify_structure(structure, proved, pattern, argument=argument, what=what)
     return structure
 
 
@@ -910,7 +953,10 @@ def _solver_pattern(problem, residual, x0) -> np.ndarray | None:
     rows = _concat_flat(grad((F * w).sum(), xs, disconnected_inputs="ignore"))
     try:
         fn = pytensor.function(
-            [*xs, *params, W], vectorize_graph(rows, {w: W}), on_unused_input="ignore"
+            [*xs, *params, W],
+            vectorize_graph(rows, {w: W}),
+            on_unused_input="ignore",
+            mode=PYTHON_MODE,
         )
     except Exception:  # an Op without a vectorized gradient: trust the explicit structure
         return None
