@@ -26,6 +26,8 @@ from numpy.testing import assert_allclose
 
 import pymc_optim as pmo
 from pymc_optim.model import inla as inla_module
+from pymc_optim.model import inla_ccd, inla_integration
+from pymc_optim.model.laplace_target import LaplaceTarget
 
 F64 = np.float64
 #: agreement with the exact quadrature, in posterior sds (the issue's target)
@@ -213,12 +215,12 @@ def test_grid_on_a_standard_gaussian_whose_fine_lattice_ends_on_the_box():
         def log_density(self, points):
             return -0.5 * (np.atleast_2d(points) ** 2).sum(axis=1)
 
-    result = inla_module._integrate_grid(
-        StandardGaussian(), np.zeros(2), 0.0, np.eye(2), 100, np.random.default_rng(0)
+    result = inla_integration.grid(
+        StandardGaussian().log_density, np.zeros(2), 0.0, np.eye(2), 100, np.random.default_rng(0)
     )
     assert_allclose(np.abs(result.points).max(axis=0), 4.0)
     assert_allclose(np.abs(result.support).max(axis=0), 4.0)
-    mean, sd = inla_module._moments([result.support], result.support_weights)
+    mean, sd = inla_integration.moments([result.support], result.support_weights)
     assert_allclose(mean, 0.0, atol=1e-10)
     assert_allclose(sd, 1.0, rtol=0.01)
     assert np.all(np.abs(result.draws) <= 4.0)
@@ -229,11 +231,11 @@ def test_ccd_design_and_weights():
     a standard Gaussian and its second moment exactly (to rounding)."""
     for m in range(1, 13):
         z = inla_module.ccd_design(m)
-        radius = inla_module._CCD_F0 * np.sqrt(m)
+        radius = inla_ccd.CCD_F0 * np.sqrt(m)
         assert_allclose(np.linalg.norm(z[1:], axis=1), radius)
         assert_allclose(z[0], 0.0)
         if m > 1:
-            cube = z[1 + 2 * m :] / inla_module._CCD_F0
+            cube = z[1 + 2 * m :] / inla_ccd.CCD_F0
             # resolution V: main effects and two-factor interactions mutually orthogonal
             columns = [cube[:, i] for i in range(m)]
             columns += [cube[:, i] * cube[:, j] for i, j in itertools.combinations(range(m), 2)]
@@ -373,7 +375,7 @@ def test_importance_weights_and_a_vector_hyperparameter():
     assert_allclose(np.exp(idata.inla["log_weights"].values).sum(), 1.0)
     with warnings.catch_warnings():  # a weight exp(−10⁴) underflows; its log does not
         warnings.simplefilter("error", RuntimeWarning)
-        assert_allclose(inla_module._log_normalize([0.0, -1e4, -np.inf]), [0.0, -1e4, -np.inf])
+        assert_allclose(inla_integration.log_normalize([0.0, -1e4, -np.inf]), [0.0, -1e4, -np.inf])
     axes = pmo.plot_inla_marginals(idata, var_names=["beta"])
     assert [axis.get_title() for axis in axes] == ["beta[0]", "beta[1]"]
 
@@ -493,7 +495,7 @@ def test_mode_search_failure_warns(monkeypatch):
 def test_large_pareto_k_warns(monkeypatch):
     """A proposal 5x too narrow (fault injection) gives heavy-tailed weights. Seeded: k̂ is
     an estimate, 0.76–1.1 over seeds 1–8, and one unseeded CI run drew k̂ ≤ 0.7."""
-    monkeypatch.setattr(inla_module, "_IMPORTANCE_SCALE", 0.2)
+    monkeypatch.setattr(inla_integration, "_IMPORTANCE_SCALE", 0.2)
     with pytest.warns(pmo.PymcOptimWarning, match=r"Pareto k̂ .* > 0.7.*NUTS"):
         idata = pmo.fit_inla(
             gaussian_model(),
@@ -631,7 +633,7 @@ def test_the_targets_success_flag_on_seeds():
     marginal = pmo.marginalize_laplace(
         inla_module._without_latent_deterministics(seeds_model(), latent), latent
     )
-    target = inla_module._Target.from_model(marginal)
+    target = LaplaceTarget.from_model(marginal)
     logp, _, _, _, success = target.evaluate(target.start, with_gradient=False)
     assert np.isfinite(logp)
     assert bool(success)
@@ -646,7 +648,7 @@ def test_the_constrained_map_runs_numpy_perform_and_the_models_transforms():
     marginal = pmo.marginalize_laplace(
         inla_module._without_latent_deterministics(gaussian_model(), "x"), "x"
     )
-    target = inla_module._Target.from_model(marginal)
+    target = LaplaceTarget.from_model(marginal)
     assert isinstance(target.to_constrained.maker.linker, PerformLinker)
     points = np.array([[0.3, -0.5], [1.2, 0.4]])
     values = dict(zip(target.constrained_names, target.constrained(points), strict=True))

@@ -411,9 +411,9 @@ def gp_poisson_model(d: int, length: float, seed: int) -> pm.Model:
 def test_a_dense_hessian_that_will_not_fit_is_refused_before_the_marginal_is_built(monkeypatch):
     """The marginal's (d, d) matrices against the memory left (here 1 MB, as if the machine were
     full): a MemoryError that says why and what to do, not the kernel killing the process."""
-    from pymc_optim.model import laplace
+    from pymc_optim.model import laplace_structure
 
-    monkeypatch.setattr(laplace, "available_memory", lambda: 10**6)
+    monkeypatch.setattr(laplace_structure, "available_memory", lambda: 10**6)
     model = gp_poisson_model(100, 1.0, seed=0)  # 16 matrices of 100 × 100 float64: 1.28 MB
     with pytest.raises(
         MemoryError,
