@@ -6,5 +6,7 @@ __all__ = ["PYTHON_MODE"]
 
 #: Python linker (each Op's numpy perform) and fast_compile rewrites: for graphs evaluated a few
 #: times (a transform at the initial point, a constant folded while a Hessian's pattern is read,
-#: fit_inla's batched map to constrained values), where compiling C costs more than it saves.
+#: the structure probes' Hessian–vector products, fit_inla's batched map to constrained values),
+#: where compiling them (C modules, or numba's machine code under PyTensor 3's default: tens of
+#: seconds for a probe's vectorized second derivatives) costs more than it saves.
 PYTHON_MODE = Mode(linker="py", optimizer="fast_compile")

@@ -41,6 +41,7 @@ from pytensor.tensor.linalg import Cholesky, MatrixInverse
 from pytensor.tensor.math import Dot
 from pytensor.tensor.shape import Reshape, SpecifyShape
 
+from pymc_optim._modes import PYTHON_MODE
 from pymc_optim.backends.newton import NewtonOp
 from pymc_optim.graph.inner_graph import static_size
 from pymc_optim.graph.solver_op import make_solution
@@ -159,7 +160,9 @@ def _diagonal_curvature(negative_likelihood, z, x, start, value, others, form, s
     outputs = [hvp, curvature]
     if x is not z:
         outputs = graph_replace(outputs, {stand_in: x.ravel()}, strict=False)
-    fn = pytensor.function([z, *others, direction], outputs, on_unused_input="ignore")
+    fn = pytensor.function(
+        [z, *others, direction], outputs, on_unused_input="ignore", mode=PYTHON_MODE
+    )
     rng = np.random.default_rng(seed)
     found = 0
     for _ in range(8):  # two finite points, retrying jitters that fail (as the pattern probe)
