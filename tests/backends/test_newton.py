@@ -226,13 +226,17 @@ def test_laplace_warm_start_agrees_with_the_cold_start_whatever_the_history():
         assert_allclose(grad_warm, grad_cold, rtol=1e-12, atol=1e-12 * np.abs(grad_cold).max())
 
 
-def test_laplace_warm_start_is_taken():
+@pytest.mark.parametrize("mode", [None, "NUMBA"])
+def test_laplace_warm_start_is_taken(mode):
     """At the θ just evaluated, the warm solve starts at its mode: no Newton step, two
     evaluations (at the start, and `canonical_step`'s); the cold solve repeats its iterations.
-    Along a small move it needs fewer."""
+    Along a small move it needs fewer. The numpy loop (the C backend's `perform`) and the
+    compiled numba loop alike."""
+    if mode == "NUMBA":
+        pytest.importorskip("numba")
     warm = pmo.marginalize_laplace(poisson_intercepts(), "u", warm_start=True)
     cold = pmo.marginalize_laplace(poisson_intercepts(), "u", warm_start=False)
-    c_warm, c_cold = counters(warm), counters(cold)
+    c_warm, c_cold = counters(warm, mode=mode), counters(cold, mode=mode)
     theta, moved = (0.4, np.log(0.6)), (0.45, np.log(0.65))
     ok, it_first, _ = c_warm(*theta)
     assert ok and it_first > 2

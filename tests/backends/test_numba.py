@@ -296,25 +296,6 @@ def test_a_dense_newton_solve_runs_on_a_thread_with_a_small_stack():
 
 
 # --- warm starts, the canonical step and chord steps -------------------------------------------
-def test_laplace_warm_start_is_taken_under_numba():
-    """As in the default loop: at the θ just evaluated the warm solve starts at its mode (no
-    Newton step; two evaluations, at the start and the canonical step's), a cold solve repeats
-    its iterations, and a small move needs fewer."""
-    from cases import counters, poisson_intercepts
-
-    warm = pmo.marginalize_laplace(poisson_intercepts(), "u", warm_start=True)
-    cold = pmo.marginalize_laplace(poisson_intercepts(), "u", warm_start=False)
-    c_warm, c_cold = counters(warm, mode="NUMBA"), counters(cold, mode="NUMBA")
-    theta, moved = (0.4, np.log(0.6)), (0.45, np.log(0.65))
-    ok, it_first, _ = c_warm(*theta)
-    assert ok and it_first > 2
-    ok, it_again, ev_again = c_warm(*theta)
-    assert ok and it_again == 0 and ev_again == 2
-    assert c_cold(*theta)[1] == c_cold(*theta)[1] == it_first
-    ok, it_moved, _ = c_warm(*moved)
-    assert ok and 0 < it_moved < c_cold(*moved)[1]
-
-
 def test_laplace_warm_start_under_numba_does_not_depend_on_the_history():
     """Along random histories (small moves and far jumps), the numba marginal's value and
     gradient equal those of the same function with its state cleared, bit for bit (both end
