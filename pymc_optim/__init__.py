@@ -3,9 +3,9 @@
 import importlib.util
 
 from pymc_optim import _versions  # noqa: F401  (first: an old PyMC line is named, not a deep error)
+from pymc_optim._deferred import after_import
 from pymc_optim._warnings import PymcOptimWarning
 from pymc_optim.backends import vectorize as _vectorize  # noqa: F401  (native batching)
-from pymc_optim.backends.deferred import after_import
 from pymc_optim.graph.diagnostics import SolverInfo, solution_info, solver_trace
 from pymc_optim.graph.trace import SolveTrace
 from pymc_optim.model.agents import Equilibrium, Optimum

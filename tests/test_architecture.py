@@ -88,6 +88,90 @@ def test_the_cycle_check_sees_a_cycle(tmp_path):
     assert _cycles(package) == [["pymc_optim.a", "pymc_optim.a.x", "pymc_optim.b", "pymc_optim.a"]]
 
 
+def _subpackage_imports(package: Path = PACKAGE) -> dict[str, dict[str, str]]:
+    """Sub-package → {sub-package it imports: one module that does}, from every import in its
+    modules, inside functions too (they run when the function is called), outside ``if
+    TYPE_CHECKING:`` blocks; the private modules beside the folders (``_modes.py``...) are not
+    a layer."""
+    edges: dict[str, dict[str, str]] = {}
+    for name, path in _modules(package).items():
+        parts = name.split(".")
+        if len(parts) < 3 and not (package / parts[-1]).is_dir():
+            continue  # the root package and its private modules
+        layer = parts[1]
+        tree = ast.parse(path.read_text())
+        skipped = {
+            id(inner)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for inner in ast.walk(node)
+        }
+        for node in ast.walk(tree):
+            if id(node) in skipped:
+                continue
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                target_parts = target.split(".")
+                if target_parts[0] != package.name or len(target_parts) < 2:
+                    continue
+                other = target_parts[1]
+                if other != layer and (package / other).is_dir():
+                    edges.setdefault(layer, {}).setdefault(other, name)
+    return edges
+
+
+def _layer_cycles(package: Path = PACKAGE) -> list[str]:
+    edges = _subpackage_imports(package)
+    cycles, state = [], {}
+
+    def visit(node, stack):
+        state[node] = "open"
+        for nxt in sorted(edges.get(node, {})):
+            if state.get(nxt) == "open":
+                loop = [*stack[stack.index(nxt) :], nxt]
+                steps = zip(loop[:-1], loop[1:], strict=True)
+                path = " -> ".join(f"{a} ({edges[a][b]})" for a, b in steps)
+                cycles.append(f"{path} -> {nxt}")
+            elif nxt not in state:
+                visit(nxt, [*stack, nxt])
+        state[node] = "done"
+
+    for layer in sorted(edges):
+        if layer not in state:
+            visit(layer, [layer])
+    return cycles
+
+
+def test_the_layers_import_downwards_only():
+    """The sub-packages form an acyclic import graph, counting imports made inside functions:
+    a lower layer never reaches up (the Ops that count failures are in `graph/`, below the
+    backends that compile them; the deferred-import hook is beside the folders)."""
+    cycles = _layer_cycles()
+    assert not cycles, "layers importing each other: " + "; ".join(cycles)
+
+
+def test_the_layer_check_sees_an_import_inside_a_function(tmp_path):
+    package = tmp_path / "pymc_optim"
+    for layer in ("low", "high"):
+        (package / layer).mkdir(parents=True)
+        (package / layer / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "high" / "op.py").write_text("from pymc_optim.low import thing\n")
+    (package / "low" / "thing.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pymc_optim.high import op\n"
+    )
+    assert _layer_cycles(package) == []
+    (package / "low" / "thing.py").write_text("def f():\n    from pymc_optim.high import op\n")
+    assert _layer_cycles(package) == [
+        "high (pymc_optim.high.op) -> low (pymc_optim.low.thing) -> high"
+    ]
+
+
 def test_public_namespace_is_curated():
     for name in pymc_optim.__all__:
         assert not name.startswith("_") and hasattr(pymc_optim, name), name

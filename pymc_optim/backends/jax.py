@@ -25,9 +25,9 @@ from pymc_optim.backends.iterations import (
 )
 from pymc_optim.backends.newton import NewtonOp, problem_rows
 from pymc_optim.backends.packing import Packer
+from pymc_optim.graph.failure_ops import FAILED_EVALUATIONS, CountFailures, WarnOnFailure
 from pymc_optim.graph.solver_op import SolverOp, inner_mode
 from pymc_optim.implicit import implicit_pullback
-from pymc_optim.model.failure import FAILED_EVALUATIONS, CountFailures, WarnOnFailure
 
 __all__: list[str] = []
 

@@ -80,9 +80,9 @@ from pymc_optim.backends.numba_runtime import (
     set_blas_threads,
     solver_buffer,
 )
+from pymc_optim.graph.failure_ops import FAILED_EVALUATIONS, CountFailures
 from pymc_optim.graph.solver_op import SolverOp, inner_mode
 from pymc_optim.linalg.structure import LinearStructure
-from pymc_optim.model.failure import FAILED_EVALUATIONS, CountFailures
 
 __all__: list[str] = []
 

@@ -67,7 +67,7 @@ from pytensor.tensor.linalg import Cholesky
 from pytensor.tensor.variable import TensorVariable
 from scipy.linalg import lapack, solve_triangular
 
-from pymc_optim.backends.deferred import after_import
+from pymc_optim._deferred import after_import
 from pymc_optim.linalg.structure import LinearStructure, _finite
 
 __all__ = [

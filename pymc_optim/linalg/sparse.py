@@ -58,7 +58,7 @@ from pytensor.graph.replace import _vectorize_node
 from pytensor.tensor.blockwise import vectorize_node_fallback
 from pytensor.tensor.variable import TensorVariable
 
-from pymc_optim.backends.deferred import after_import
+from pymc_optim._deferred import after_import
 from pymc_optim.linalg import _cholesky
 from pymc_optim.linalg.structure import LinearStructure, _concat_flat, _finite
 

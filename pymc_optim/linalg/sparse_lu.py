@@ -40,7 +40,7 @@ from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
 from pytensor.tensor.variable import TensorVariable
 
-from pymc_optim.backends.deferred import after_import
+from pymc_optim._deferred import after_import
 from pymc_optim.linalg.structure import LinearStructure, _concat_flat
 
 __all__ = ["JacobianPattern", "SparseJacobianStructure", "SparseLUSolveOp"]

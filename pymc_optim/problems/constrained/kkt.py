@@ -43,7 +43,7 @@ from pytensor.tensor.basic import Join
 from pytensor.tensor.blockwise import Blockwise
 from pytensor.tensor.variable import TensorVariable
 
-from pymc_optim.backends.deferred import after_import
+from pymc_optim._deferred import after_import
 from pymc_optim.backends.newton import NewtonOp
 from pymc_optim.graph.inner_graph import InnerProblem
 from pymc_optim.implicit import OptimalityCondition

@@ -1,4 +1,4 @@
-"""pymc_optim.backends.deferred: JAX's dispatch for our Ops is registered on PyTensor's first
+"""pymc_optim._deferred: JAX's dispatch for our Ops is registered on PyTensor's first
 import of it, so ``import pymc_optim`` does not import JAX."""
 
 import subprocess
@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from pymc_optim.backends.deferred import after_import
+from pymc_optim._deferred import after_import
 
 JAX_SOLVE = """
 import numpy as np, pytensor, pytensor.tensor as pt
