@@ -131,7 +131,7 @@ def main() -> None:
         action="store_true",
         help="reference: nutpie's diagonal mass matrix instead of its low-rank modified one",
     )
-    parser.add_argument("--save", help="prefix for the two InferenceData netCDF files")
+    parser.add_argument("--save", help="prefix for the two DataTree netCDF files")
     args = parser.parse_args()
     check_same_posterior()
     t, y = rw2_data(args.n)
@@ -146,13 +146,15 @@ def main() -> None:
                 return pm.sample(
                     **ref,
                     nuts_sampler="nutpie",
-                    nuts_sampler_kwargs=kwargs,
+                    nuts=kwargs,
                     random_seed=1,
                     progressbar=False,
                 )
             except Exception as error:  # nutpie missing or failing: PyMC NUTS, chains in turn
                 print(f"nutpie failed ({error!r}); PyMC NUTS instead")
-                return pm.sample(**ref, cores=1, random_seed=1, progressbar=False)
+                return pm.sample(
+                    **ref, cores=1, nuts_sampler="pymc", random_seed=1, progressbar=False
+                )
 
     idata_full, time_full = timed(full)
     if args.save:
@@ -166,7 +168,8 @@ def main() -> None:
     def laplace():
         marginal = pmo.marginalize_laplace(model, "x")
         with marginal:
-            idata = pm.sample(**settings, random_seed=1, progressbar=False)
+            # PyMC's own NUTS, as printed below (PyMC 6 picks nutpie when it is installed)
+            idata = pm.sample(**settings, nuts_sampler="pymc", random_seed=1, progressbar=False)
         return pmo.recover_latent(marginal, idata, random_seed=2, progressbar=False), marginal
 
     (idata_laplace, marginal), time_laplace = timed(laplace)

@@ -56,7 +56,9 @@ def run_reference() -> None:
         idata = pm.sample(**REFERENCE_SETTINGS, cores=2, progressbar=False, target_accept=0.9)
     seconds = time.perf_counter() - t0
     diverging = int(idata.sample_stats["diverging"].sum())
-    rhat = float(az.rhat(idata, var_names=[*HYPERPARAMETERS, "relative_risk"]).to_array().max())
+    names = [*HYPERPARAMETERS, "relative_risk"]
+    rhats = az.rhat(idata, var_names=names)  # ArviZ 1: a DataTree, no to_array()
+    rhat = max(float(rhats[name].max()) for name in names)
     result = {
         "settings": {**REFERENCE_SETTINGS, "target_accept": 0.9, "sampler": "pm.sample NUTS"},
         "seconds": seconds,

@@ -134,7 +134,7 @@ def recover_seconds(marginal, draws=1000, in_sequence=False, cores=1) -> float:
         _, seconds = timed_call(
             lambda: pmo.recover_latent(
                 marginal,
-                az.from_dict(posterior=posterior),
+                az.from_dict({"posterior": posterior}),
                 random_seed=2,
                 progressbar=False,
                 cores=cores,
