@@ -149,8 +149,9 @@ def _layer_cycles(package: Path = PACKAGE) -> list[str]:
 
 def test_the_layers_import_downwards_only():
     """The sub-packages form an acyclic import graph, counting imports made inside functions:
-    a lower layer never reaches up (the Ops that count failures are in `graph/`, below the
-    backends that compile them; the deferred-import hook is beside the folders)."""
+    a lower layer never reaches up (backend registrations live in `backends/`, the Ops that
+    count failures in `graph/`, below the backends that compile them; the deferred-import hook
+    beside the folders)."""
     cycles = _layer_cycles()
     assert not cycles, "layers importing each other: " + "; ".join(cycles)
 

@@ -437,3 +437,7 @@ def _zero_cotangent(value):
     if jnp.issubdtype(value.dtype, jnp.inexact):
         return jnp.zeros_like(value)
     return np.zeros(value.shape, dtype=jax.dtypes.float0)  # integer/boolean inputs
+
+
+# the linear-algebra Ops' implementations register with PyTensor's JAX dispatch on import
+from pymc_optim.backends import jax_linalg as _jax_linalg  # noqa: E402, F401

@@ -896,5 +896,6 @@ def _count_failures_numba(op: CountFailures, node=None, **kwargs):
     return count_failures, None
 
 
-# the sparse Cholesky Ops' implementations register with pytensor's numba dispatch on import
+# the linear-algebra Ops' implementations register with pytensor's numba dispatch on import
+from pymc_optim.backends import numba_latent_gaussian as _numba_latent_gaussian  # noqa: E402, F401
 from pymc_optim.backends import numba_sparse as _numba_sparse  # noqa: E402, F401

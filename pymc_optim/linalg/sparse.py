@@ -42,7 +42,6 @@ True
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -58,7 +57,6 @@ from pytensor.graph.replace import _vectorize_node
 from pytensor.tensor.blockwise import vectorize_node_fallback
 from pytensor.tensor.variable import TensorVariable
 
-from pymc_optim._deferred import after_import
 from pymc_optim.linalg import _cholesky
 from pymc_optim.linalg.structure import LinearStructure, _concat_flat, _finite
 
@@ -753,22 +751,3 @@ def _vectorize_pattern_op(op: _PatternOp, node, *batched_inputs):
     if batch != [1] * len(core) or any(old.type.ndim != 1 for old in core):
         return vectorize_node_fallback(op, node, *batched_inputs)
     return op.make_node(*batched_inputs)
-
-
-def _register_jax() -> None:
-    """Refuse the JAX backend at compile time with a message naming those that work."""
-    from pytensor.link.jax.dispatch import jax_funcify
-
-    def refuse(op, **kwargs):
-        raise NotImplementedError(
-            f"{type(op).__name__} (sparse Cholesky) has no JAX implementation; compile with "
-            "PyTensor's default C backend or mode='NUMBA' (object mode), or, for a Laplace "
-            "marginal under JAX, pass `hessian_structure='dense'` to marginalize_laplace."
-        )
-
-    for op_class in (SparseLogdetOp, SelectedInverseOp, SparseSolveOp, SparseFactorSolveOp):
-        jax_funcify.register(op_class)(refuse)
-
-
-if importlib.util.find_spec("jax") is not None:
-    after_import("pytensor.link.jax.dispatch", _register_jax)

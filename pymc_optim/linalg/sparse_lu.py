@@ -27,7 +27,6 @@ natively compiled Newton loop); JAX refuses at compile time, naming the backends
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +39,6 @@ from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
 from pytensor.tensor.variable import TensorVariable
 
-from pymc_optim._deferred import after_import
 from pymc_optim.linalg.structure import LinearStructure, _concat_flat
 
 __all__ = ["JacobianPattern", "SparseJacobianStructure", "SparseLUSolveOp"]
@@ -304,20 +302,3 @@ class SparseJacobianStructure(LinearStructure):
         if not np.isfinite(out).all():
             raise np.linalg.LinAlgError("sparse Jacobian is singular")
         return out
-
-
-def _register_jax() -> None:
-    """Refuse the JAX backend at compile time with a message naming those that work."""
-    from pytensor.link.jax.dispatch import jax_funcify
-
-    @jax_funcify.register(SparseLUSolveOp)
-    def refuse(op, **kwargs):
-        raise NotImplementedError(
-            "SparseLUSolveOp (sparse LU) has no JAX implementation; compile with PyTensor's "
-            "default C backend or mode='NUMBA' (object mode), or pass `structure='dense'`, "
-            "which JAX runs."
-        )
-
-
-if importlib.util.find_spec("jax") is not None:
-    after_import("pytensor.link.jax.dispatch", _register_jax)

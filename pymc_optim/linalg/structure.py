@@ -16,11 +16,19 @@ from typing import ClassVar
 import numpy as np
 import pytensor.tensor as pt
 from pytensor.gradient import grad, jacobian
+from pytensor.graph.basic import Apply
+from pytensor.graph.op import Op
 from pytensor.tensor.blockwise import Blockwise
 from pytensor.tensor.linalg import Solve
 from pytensor.tensor.variable import TensorVariable
 
-__all__ = ["STRUCTURES", "LinearStructure", "as_linear_structure", "structure_from_pattern"]
+__all__ = [
+    "STRUCTURES",
+    "LinearStructure",
+    "UnlessFinite",
+    "as_linear_structure",
+    "structure_from_pattern",
+]
 
 STRUCTURES = ("dense", "diagonal", "block_diagonal")
 
@@ -260,3 +268,45 @@ def _finite(x) -> TensorVariable:
 def _concat_flat(pieces) -> TensorVariable:
     pieces = [pt.as_tensor_variable(p).ravel() for p in pieces]
     return pieces[0] if len(pieces) == 1 else pt.concatenate(pieces)
+
+
+class UnlessFinite(Op):
+    """`schur` (a solve by a structure's blocks) where every entry is finite, else the dense
+    solve of (A, rhs) by ``structure.dense_matrix(A, xp)``, computed numerically and only then
+    (for the KKT system: H singular, the KKT matrix not).
+
+    One Op rather than ``ifelse``: PyTensor evaluates an ifelse's untaken branch when an in-place
+    Op of the taken one overwrites a view it reads, and an ifelse cannot be batched by Blockwise
+    (``vectorize_graph`` of a solution's gradient). The gradient is that of `schur` (exact where
+    it is finite; NaN at a singular H, where the Schur form is NaN).
+    """
+
+    __props__ = ("structure", "transposed")
+    view_map = {0: [0]}
+
+    def __init__(self, structure: LinearStructure, transposed: bool):
+        self.structure = structure
+        self.transposed = transposed
+
+    def make_node(self, schur, A, rhs):
+        schur, A, rhs = (pt.as_tensor_variable(v) for v in (schur, A, rhs))
+        return Apply(self, [schur, A, rhs], [schur.type()])
+
+    def infer_shape(self, node, shapes):
+        return [shapes[0]]
+
+    def perform(self, node, inputs, outputs):
+        schur, A, rhs = inputs
+        if np.all(np.isfinite(schur)):
+            outputs[0][0] = schur
+            return
+        dense = self.structure.dense_matrix(A, np)
+        try:
+            out = np.linalg.solve(dense.T if self.transposed else dense, rhs)
+        except np.linalg.LinAlgError:
+            out = np.full(rhs.shape, np.nan)
+        outputs[0][0] = out.astype(node.outputs[0].type.dtype, copy=False)
+
+    def pullback(self, inputs, outputs, output_grads):
+        _, A, rhs = inputs
+        return [output_grads[0], A.zeros_like(), rhs.zeros_like()]

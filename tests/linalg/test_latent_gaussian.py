@@ -15,8 +15,8 @@ import pytensor.tensor as pt
 import pytest
 from numpy.testing import assert_allclose
 
+from pymc_optim.backends.numba_latent_gaussian import NUMBA_LOOPS_MAX
 from pymc_optim.linalg.latent_gaussian import (
-    NUMBA_LOOPS_MAX,
     BCholesky,
     CovarianceConditionStructure,
     LatentGaussianStructure,

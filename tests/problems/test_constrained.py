@@ -655,9 +655,9 @@ def _spy_fallbacks(monkeypatch) -> list:
 
 
 def _has_schur_solve(fn) -> bool:
-    from pymc_optim.problems.constrained.kkt import _UnlessFinite
+    from pymc_optim.linalg.structure import UnlessFinite
 
-    return any(isinstance(node.op, _UnlessFinite) for node in fn.maker.fgraph.apply_nodes)
+    return any(isinstance(node.op, UnlessFinite) for node in fn.maker.fgraph.apply_nodes)
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,6 @@ not finite the solve falls back to the dense KKT matrix, assembled from the comp
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -37,17 +36,14 @@ from functools import cached_property
 import numpy as np
 import pytensor.tensor as pt
 from pytensor.gradient import grad, jacobian
-from pytensor.graph.basic import Apply
-from pytensor.graph.op import Op
 from pytensor.tensor.basic import Join
 from pytensor.tensor.blockwise import Blockwise
 from pytensor.tensor.variable import TensorVariable
 
-from pymc_optim._deferred import after_import
 from pymc_optim.backends.newton import NewtonOp
 from pymc_optim.graph.inner_graph import InnerProblem
 from pymc_optim.implicit import OptimalityCondition
-from pymc_optim.linalg.structure import LinearStructure, _concat_flat, _FailSafeSolve
+from pymc_optim.linalg.structure import LinearStructure, UnlessFinite, _concat_flat, _FailSafeSolve
 
 __all__ = ["KKT", "KKTNewtonOp", "KKTStructure"]
 
@@ -223,7 +219,7 @@ class KKTStructure(LinearStructure):
 
     def solve(self, A, rhs, *, transposed: bool, symmetric: bool = False) -> TensorVariable:
         """A⁻¹ rhs (or A⁻ᵀ rhs) by the Schur complement; the dense KKT solve where it is not
-        finite (H singular), evaluated only then (`_UnlessFinite`)."""
+        finite (H singular), evaluated only then (`UnlessFinite`)."""
         b = self.hessian_rows
         n = A.shape[1]
         Hc, J = A[:b], A[b:]
@@ -243,7 +239,7 @@ class KKTStructure(LinearStructure):
         dl = _BlockSolve(assume_a="gen", b_ndim=2)(S, t[:, None])[:, 0]
         dx = y1 + Yj @ dl
         schur = pt.concatenate([dx, -dl if transposed else dl])
-        return _UnlessFinite(self, transposed)(schur, A, rhs)
+        return UnlessFinite(self, transposed)(schur, A, rhs)
 
     def dense_matrix(self, A, xp=np):
         """The (n + m, n + m) KKT matrix [[H, −Jᵀ], [J, 0]] from the compact A, with the array
@@ -347,71 +343,6 @@ class _BlockSolve(_FailSafeSolve):
         except np.linalg.LinAlgError:
             x = np.full(b.shape, np.nan)
         outputs[0][0] = x.astype(node.outputs[0].type.dtype, copy=False)
-
-
-class _UnlessFinite(Op):
-    """`schur` where every entry is finite, else the dense KKT solve of (A, rhs), computed
-    numerically and only then (H singular, the KKT matrix not).
-
-    One Op rather than ``ifelse``: PyTensor evaluates an ifelse's untaken branch when an in-place
-    Op of the taken one overwrites a view it reads, and an ifelse cannot be batched by Blockwise
-    (``vectorize_graph`` of a solution's gradient). The gradient is that of `schur` (exact where
-    it is finite; NaN at a singular H, where the Schur form is NaN).
-    """
-
-    __props__ = ("structure", "transposed")
-    view_map = {0: [0]}
-
-    def __init__(self, structure: KKTStructure, transposed: bool):
-        self.structure = structure
-        self.transposed = transposed
-
-    def make_node(self, schur, A, rhs):
-        schur, A, rhs = (pt.as_tensor_variable(v) for v in (schur, A, rhs))
-        return Apply(self, [schur, A, rhs], [schur.type()])
-
-    def infer_shape(self, node, shapes):
-        return [shapes[0]]
-
-    def perform(self, node, inputs, outputs):
-        schur, A, rhs = inputs
-        if np.all(np.isfinite(schur)):
-            outputs[0][0] = schur
-            return
-        dense = self.structure.dense_matrix(A, np)
-        try:
-            out = np.linalg.solve(dense.T if self.transposed else dense, rhs)
-        except np.linalg.LinAlgError:
-            out = np.full(rhs.shape, np.nan)
-        outputs[0][0] = out.astype(node.outputs[0].type.dtype, copy=False)
-
-    def pullback(self, inputs, outputs, output_grads):
-        _, A, rhs = inputs
-        return [output_grads[0], A.zeros_like(), rhs.zeros_like()]
-
-
-def _register_jax() -> None:
-    """_UnlessFinite under JAX, the dense solve under ``lax.cond`` (registered when PyTensor
-    first imports its JAX dispatch)."""
-    from pytensor.link.jax.dispatch import jax_funcify
-
-    @jax_funcify.register(_UnlessFinite)
-    def _unless_finite_jax(op, node=None, **kwargs):
-        import jax
-        import jax.numpy as jnp
-
-        def unless_finite(schur, A, rhs):
-            def dense():
-                matrix = op.structure.dense_matrix(A, jnp)
-                return jnp.linalg.solve(matrix.T if op.transposed else matrix, rhs)
-
-            return jax.lax.cond(jnp.all(jnp.isfinite(schur)), lambda: schur, dense)
-
-        return unless_finite
-
-
-if importlib.util.find_spec("jax") is not None:
-    after_import("pytensor.link.jax.dispatch", _register_jax)
 
 
 def _set(H, rows, cols, values):
