@@ -49,7 +49,6 @@ import math
 from hashlib import sha256
 from pathlib import Path
 
-import numba
 import numpy as np
 import pytensor.tensor as pt
 from pytensor.compile.aliasing import add_supervisor_to_fgraph, insert_deepcopy
@@ -77,10 +76,12 @@ from pymc_optim.backends.newton import CANONICAL_BITS, NewtonOp, extrapolated_st
 from pymc_optim.backends.numba_runtime import (
     BLAS_THREADS_SETTABLE,
     copy_into,
+    count_failure,
+    failure_key,
     set_blas_threads,
     solver_buffer,
 )
-from pymc_optim.graph.failure_ops import FAILED_EVALUATIONS, CountFailures
+from pymc_optim.graph.failure_ops import CountFailures
 from pymc_optim.graph.solver_op import SolverOp, inner_mode
 from pymc_optim.linalg.structure import LinearStructure
 
@@ -874,26 +875,18 @@ def _fixed_point_numba(op: FixedPointOp, node=None, **kwargs):
 
 @register_funcify_and_cache_key(CountFailures)
 def _count_failures_numba(op: CountFailures, node=None, **kwargs):
-    """`success` passed through; a failure is counted in this process, as in `perform`.
-
-    Only the count leaves nopython mode (an object-mode block, entered when a solve failed):
-    pytensor's fallback ran the whole Op in object mode at every call, ~15 µs of a Laplace
-    marginal's ~60 µs full-model call under nutpie. Not cached (the block holds a Python
-    closure).
-    """
-    label = op.label
-
-    def count():
-        FAILED_EVALUATIONS[label] += 1
+    """`success` passed through; a failure is counted in this process, as in `perform`, through
+    `numba_runtime.count_failure` (a call into Python only when a solve failed). No object
+    mode: the compiled log density stays cacheable on disk."""
+    key = failure_key(op.label)
 
     @_njit
     def count_failures(success):
         if not success.item():
-            with numba.objmode():
-                count()
+            count_failure(key)
         return success
 
-    return count_failures, None
+    return count_failures, sha256(f"CountFailures {key} {_SOURCE_KEY}".encode()).hexdigest()
 
 
 # the linear-algebra Ops' implementations register with pytensor's numba dispatch on import

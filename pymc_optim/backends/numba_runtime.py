@@ -19,18 +19,22 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections import OrderedDict
+from hashlib import sha256
 
 import numba
 import numpy as np
 from numba import types
 from numba.extending import intrinsic
 
+from pymc_optim.graph.failure_ops import FAILED_EVALUATIONS
 from pymc_optim.linalg import _cholesky
 
 __all__ = [
     "BLAS_THREADS_SETTABLE",
     "MAX_THREADS",
     "copy_into",
+    "count_failure",
+    "failure_key",
     "set_blas_threads",
     "solver_buffer",
 ]
@@ -129,3 +133,37 @@ set_blas_threads = _blas_threads_function()
 
 #: Whether `set_blas_threads` changes anything (part of the cache keys of code that calls it).
 BLAS_THREADS_SETTABLE = _cholesky.SET_BLAS_THREADS is not None
+
+
+# --- failed evaluations counted by compiled code ---------------------------------------------
+_LABELS: dict[int, str] = {}
+
+
+def failure_key(label: str) -> int:
+    """The integer that compiled code passes to `count_failure` for `label` (the same in every
+    process, so that a solver cached on disk counts under its label)."""
+    key = int(sha256(label.encode()).hexdigest()[:15], 16)
+    _LABELS[key] = label
+    return key
+
+
+def _count(key: int) -> int:
+    FAILED_EVALUATIONS[_LABELS.get(key, "a compiled solve")] += 1
+    return 0
+
+
+# Kept referenced for the life of the process: LLVM holds only its address.
+_COUNT_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)(_count)
+
+
+def _register_count():
+    import llvmlite.binding as llvm
+
+    name = "pymc_optim_count_failure"
+    llvm.add_symbol(name, ctypes.cast(_COUNT_CALLBACK, ctypes.c_void_p).value)
+    return types.ExternalFunction(name, types.int64(types.int64))
+
+
+#: ``count_failure(failure_key(label))`` (numba code only): one failed evaluation under label,
+#: in `FAILED_EVALUATIONS`, as `CountFailures.perform` counts it.
+count_failure = _register_count()

@@ -200,6 +200,40 @@ def test_failure_counting_is_native():
     assert FAILED_EVALUATIONS[label] - before == 2
 
 
+def test_failure_counting_counts_from_numbas_disk_cache(tmp_path):
+    """The compiled count is cacheable on disk: a second process loads it (compiling nothing
+    of it) and its failures are counted there, under the label."""
+    import subprocess
+    import sys
+
+    script = (
+        "import numpy as np, pytensor, pytensor.tensor as pt\n"
+        "from numba.core import event\n"
+        "from pymc_optim.model.failure import FAILED_EVALUATIONS, count_failures\n"
+        "compiled = []\n"
+        "class Listener(event.Listener):\n"
+        "    def on_start(self, ev): compiled.append(ev.data['dispatcher'].py_func.__qualname__)\n"
+        "    def on_end(self, ev): pass\n"
+        "event.register('numba:compile', Listener())\n"
+        "x = pt.vector('x')\n"
+        "f = pytensor.function([x], count_failures(pt.all(x > 0), 'cached'), mode='NUMBA')\n"
+        "f(np.ones(2)); f(-np.ones(2)); f(-np.ones(2))\n"
+        "print(FAILED_EVALUATIONS['cached'], 'count_failures' in str(compiled))\n"
+    )
+    env = {
+        **__import__("os").environ,
+        "PYTENSOR_FLAGS": f"base_compiledir={tmp_path / 'pytensor'}",
+        "NUMBA_CACHE_DIR": str(tmp_path / "numba"),
+    }
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+        ).stdout.split()
+        for _ in range(2)
+    ]
+    assert runs == [["2", "True"], ["2", "False"]]
+
+
 @pytest.mark.slow
 def test_nutpie_samples_a_graph_native_minimize_natively():
     pytest.importorskip("nutpie")
