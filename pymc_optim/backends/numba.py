@@ -80,8 +80,9 @@ from pymc_optim.backends.numba_runtime import (
     failure_key,
     set_blas_threads,
     solver_buffer,
+    warn_failure,
 )
-from pymc_optim.graph.failure_ops import CountFailures
+from pymc_optim.graph.failure_ops import CountFailures, WarnOnFailure
 from pymc_optim.graph.solver_op import SolverOp, inner_mode
 from pymc_optim.linalg.structure import LinearStructure
 
@@ -887,6 +888,21 @@ def _count_failures_numba(op: CountFailures, node=None, **kwargs):
         return success
 
     return count_failures, sha256(f"CountFailures {key} {_SOURCE_KEY}".encode()).hexdigest()
+
+
+@register_funcify_and_cache_key(WarnOnFailure)
+def _warn_on_failure_numba(op: WarnOnFailure, node=None, **kwargs):
+    """`value` passed through; `perform`'s warning when `success` is false, through
+    `numba_runtime.warn_failure` (a call into Python only then)."""
+    key = failure_key(op.message)
+
+    @_njit
+    def warn_on_failure(value, success):
+        if not success.item():
+            warn_failure(key)
+        return value
+
+    return warn_on_failure, sha256(f"WarnOnFailure {key} {_SOURCE_KEY}".encode()).hexdigest()
 
 
 # the linear-algebra Ops' implementations register with pytensor's numba dispatch on import

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import warnings
 from collections import OrderedDict
 from hashlib import sha256
 
@@ -26,6 +27,7 @@ import numpy as np
 from numba import types
 from numba.extending import intrinsic
 
+from pymc_optim._warnings import PymcOptimWarning
 from pymc_optim.graph.failure_ops import FAILED_EVALUATIONS
 from pymc_optim.linalg import _cholesky
 
@@ -35,6 +37,7 @@ __all__ = [
     "copy_into",
     "count_failure",
     "failure_key",
+    "warn_failure",
     "set_blas_threads",
     "solver_buffer",
 ]
@@ -152,18 +155,29 @@ def _count(key: int) -> int:
     return 0
 
 
-# Kept referenced for the life of the process: LLVM holds only its address.
-_COUNT_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)(_count)
+def _warn(key: int) -> int:
+    message = _LABELS.get(key, "an inner solve failed")
+    warnings.warn(f"{message}; using its last iterate.", PymcOptimWarning, stacklevel=1)
+    return 0
 
 
-def _register_count():
+# Kept referenced for the life of the process: LLVM holds only their addresses.
+_CALLBACKS = {
+    name: ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)(function)
+    for name, function in [("count_failure", _count), ("warn_failure", _warn)]
+}
+
+
+def _register_callback(name: str):
     import llvmlite.binding as llvm
 
-    name = "pymc_optim_count_failure"
-    llvm.add_symbol(name, ctypes.cast(_COUNT_CALLBACK, ctypes.c_void_p).value)
-    return types.ExternalFunction(name, types.int64(types.int64))
+    symbol = f"pymc_optim_{name}"
+    llvm.add_symbol(symbol, ctypes.cast(_CALLBACKS[name], ctypes.c_void_p).value)
+    return types.ExternalFunction(symbol, types.int64(types.int64))
 
 
 #: ``count_failure(failure_key(label))`` (numba code only): one failed evaluation under label,
 #: in `FAILED_EVALUATIONS`, as `CountFailures.perform` counts it.
-count_failure = _register_count()
+count_failure = _register_callback("count_failure")
+#: ``warn_failure(failure_key(message))`` (numba code only): `WarnOnFailure.perform`'s warning.
+warn_failure = _register_callback("warn_failure")

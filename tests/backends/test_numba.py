@@ -200,6 +200,25 @@ def test_failure_counting_is_native():
     assert FAILED_EVALUATIONS[label] - before == 2
 
 
+def test_the_warn_policy_is_native():
+    """`WarnOnFailure` (``on_failure="warn"``) compiles in nopython mode and warns, as
+    `perform` does, at each failed evaluation, passing the value through."""
+    from pymc_optim import PymcOptimWarning
+    from pymc_optim.graph.failure_ops import WarnOnFailure
+
+    x = pt.vector("x")
+    value = WarnOnFailure("the test solve failed")(x * 2.0, pt.all(x > 0))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fn = pytensor.function([x], value, mode="NUMBA")
+        assert not object_mode_warnings(caught)
+        assert_array_equal(fn(np.ones(2)), [2.0, 2.0])
+        assert not [w for w in caught if issubclass(w.category, PymcOptimWarning)]
+        assert_array_equal(fn(-np.ones(2)), [-2.0, -2.0])
+    messages = [str(w.message) for w in caught if issubclass(w.category, PymcOptimWarning)]
+    assert messages == ["the test solve failed; using its last iterate."]
+
+
 def test_failure_counting_counts_from_numbas_disk_cache(tmp_path):
     """The compiled count is cacheable on disk: a second process loads it (compiling nothing
     of it) and its failures are counted there, under the label."""
