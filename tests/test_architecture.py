@@ -50,16 +50,16 @@ def _import_time_imports(name: str, path: Path, modules: dict[str, Path]) -> set
     return (imported & set(modules)) - own_packages
 
 
-def _cycles(package: Path = PACKAGE) -> list[list[str]]:
-    modules = _modules(package)
-    graph = {name: _import_time_imports(name, path, modules) for name, path in modules.items()}
-    cycles, state = [], {}
+def _loops(graph: dict) -> list[list[str]]:
+    """The cycles a depth-first walk of `graph` (node → its successors) closes, each as its
+    nodes from where it starts to that node again."""
+    loops, state = [], {}
 
     def visit(node, stack):
         state[node] = "open"
-        for nxt in sorted(graph[node]):
+        for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == "open":
-                cycles.append([*stack[stack.index(nxt) :], nxt])
+                loops.append([*stack[stack.index(nxt) :], nxt])
             elif nxt not in state:
                 visit(nxt, [*stack, nxt])
         state[node] = "done"
@@ -67,7 +67,14 @@ def _cycles(package: Path = PACKAGE) -> list[list[str]]:
     for name in sorted(graph):
         if name not in state:
             visit(name, [name])
-    return cycles
+    return loops
+
+
+def _cycles(package: Path = PACKAGE) -> list[list[str]]:
+    modules = _modules(package)
+    return _loops(
+        {name: _import_time_imports(name, path, modules) for name, path in modules.items()}
+    )
 
 
 def test_no_import_cycles():
@@ -126,24 +133,12 @@ def _subpackage_imports(package: Path = PACKAGE) -> dict[str, dict[str, str]]:
 
 
 def _layer_cycles(package: Path = PACKAGE) -> list[str]:
+    """Each cycle of the layers, with a module that makes each of its imports."""
     edges = _subpackage_imports(package)
-    cycles, state = [], {}
-
-    def visit(node, stack):
-        state[node] = "open"
-        for nxt in sorted(edges.get(node, {})):
-            if state.get(nxt) == "open":
-                loop = [*stack[stack.index(nxt) :], nxt]
-                steps = zip(loop[:-1], loop[1:], strict=True)
-                path = " -> ".join(f"{a} ({edges[a][b]})" for a, b in steps)
-                cycles.append(f"{path} -> {nxt}")
-            elif nxt not in state:
-                visit(nxt, [*stack, nxt])
-        state[node] = "done"
-
-    for layer in sorted(edges):
-        if layer not in state:
-            visit(layer, [layer])
+    cycles = []
+    for loop in _loops(edges):
+        steps = zip(loop[:-1], loop[1:], strict=True)
+        cycles.append(" -> ".join(f"{a} ({edges[a][b]})" for a, b in steps) + f" -> {loop[-1]}")
     return cycles
 
 
