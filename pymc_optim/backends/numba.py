@@ -64,6 +64,7 @@ from pytensor.link.numba.dispatch.basic import (
 
 from pymc_optim._logging import announce_compilation
 from pymc_optim.backends import iterations as _iterations
+from pymc_optim.backends import numba_runtime
 from pymc_optim.backends.fixed_point import FixedPointOp
 from pymc_optim.backends.iterations import (
     ARMIJO,
@@ -94,8 +95,11 @@ _njit = functools.partial(numba_njit, fastmath=False)
 #: Anderson's memory, the default of the numpy loop.
 _ANDERSON_MEMORY = inspect.signature(_iterations.anderson).parameters["memory"].default
 
-#: Part of every cache key: a change to this module invalidates numba's on-disk cache.
-_SOURCE_KEY = sha256(Path(__file__).read_bytes()).hexdigest()
+#: Part of every cache key: a change to this module or to the runtime it calls (whose code a
+#: cached solver holds) invalidates numba's on-disk cache.
+_SOURCE_KEY = sha256(
+    Path(__file__).read_bytes() + Path(numba_runtime.__file__).read_bytes()
+).hexdigest()
 
 
 # --- inner graphs ------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """What compiled numba code needs from the process: per-thread buffers kept between calls (warm
-starts, chord steps, the last sparse factor) and the calling thread's BLAS thread count.
+starts, chord steps, the last sparse factor), the calling thread's BLAS thread count, and the
+counting of and warning on failed solves.
 
 A numba function cannot hold mutable state of its own: a global array is frozen into the
 compiled code as a constant. The solvers ask for their buffer at each call instead, through one
@@ -45,7 +46,6 @@ __all__ = [
 #: Buffers kept per key: the least recently served thread's go first.
 MAX_THREADS = 64
 
-_SYMBOL = "pymc_optim_solver_buffer"
 _BUFFERS: dict[int, OrderedDict[int, np.ndarray]] = {}
 
 
@@ -65,18 +65,24 @@ def _buffer(key: int, size: int) -> int:
         return 0
 
 
-# Kept referenced for the life of the process: LLVM holds only its address.
-_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64, ctypes.c_int64)(_buffer)
+# Kept referenced for the life of the process: LLVM holds only their addresses.
+_CALLBACKS: list = []
 
 
-def _register():
+def _python_callable(name: str, function, n_args: int):
+    """`function` (int64 arguments, int64 result) callable from numba code as the LLVM symbol
+    ``pymc_optim_<name>``: compiled code calls it by name, so code cached on disk links to
+    this process's function. Each call takes the GIL."""
     import llvmlite.binding as llvm
 
-    llvm.add_symbol(_SYMBOL, ctypes.cast(_CALLBACK, ctypes.c_void_p).value)
-    return types.ExternalFunction(_SYMBOL, types.int64(types.int64, types.int64))
+    callback = ctypes.CFUNCTYPE(ctypes.c_int64, *[ctypes.c_int64] * n_args)(function)
+    _CALLBACKS.append(callback)
+    symbol = f"pymc_optim_{name}"
+    llvm.add_symbol(symbol, ctypes.cast(callback, ctypes.c_void_p).value)
+    return types.ExternalFunction(symbol, types.int64(*[types.int64] * n_args))
 
 
-_buffer_address = _register()
+_buffer_address = _python_callable("solver_buffer", _buffer, 2)
 
 
 @intrinsic
@@ -161,23 +167,8 @@ def _warn(key: int) -> int:
     return 0
 
 
-# Kept referenced for the life of the process: LLVM holds only their addresses.
-_CALLBACKS = {
-    name: ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)(function)
-    for name, function in [("count_failure", _count), ("warn_failure", _warn)]
-}
-
-
-def _register_callback(name: str):
-    import llvmlite.binding as llvm
-
-    symbol = f"pymc_optim_{name}"
-    llvm.add_symbol(symbol, ctypes.cast(_CALLBACKS[name], ctypes.c_void_p).value)
-    return types.ExternalFunction(symbol, types.int64(types.int64))
-
-
 #: ``count_failure(failure_key(label))`` (numba code only): one failed evaluation under label,
 #: in `FAILED_EVALUATIONS`, as `CountFailures.perform` counts it.
-count_failure = _register_callback("count_failure")
+count_failure = _python_callable("count_failure", _count, 1)
 #: ``warn_failure(failure_key(message))`` (numba code only): `WarnOnFailure.perform`'s warning.
-warn_failure = _register_callback("warn_failure")
+warn_failure = _python_callable("warn_failure", _warn, 1)

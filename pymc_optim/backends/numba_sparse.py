@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 from pytensor.link.numba.dispatch.basic import numba_njit, register_funcify_and_cache_key
 
+from pymc_optim.backends import numba_runtime
 from pymc_optim.backends.numba_runtime import (
     BLAS_THREADS_SETTABLE,
     copy_into,
@@ -34,9 +35,11 @@ from pymc_optim.linalg.sparse import (
 
 __all__: list[str] = []
 
-#: Part of every cache key: the kernels' and this module's sources.
+#: Part of every cache key: the sources of this module, the kernels and the runtime it calls.
 _SOURCE_KEY = sha256(
-    Path(__file__).read_bytes() + Path(_cholesky.__file__).read_bytes()
+    Path(__file__).read_bytes()
+    + Path(_cholesky.__file__).read_bytes()
+    + Path(numba_runtime.__file__).read_bytes()
 ).hexdigest()
 
 
