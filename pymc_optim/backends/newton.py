@@ -62,8 +62,9 @@ class NewtonOp(SolverOp):
         Start each solve from the last successful solution of this Op in this thread instead of
         x0 (see `warm_start_point`), and end every solve with `canonical_step` (one more
         evaluation) so that the result does not depend on that start, bit for bit;
-        :func:`pymc_optim.marginalize_laplace` turns it on. Only the default (numpy) backend
-        keeps that state; JAX and numba start from x0.
+        :func:`pymc_optim.marginalize_laplace` turns it on. The numpy loop keeps that state on
+        the Op, the numba loop in per-thread buffers (`backends.numba_runtime`); JAX starts
+        from x0.
     """
 
     method = "newton"
@@ -72,8 +73,8 @@ class NewtonOp(SolverOp):
     #: Start each solve with chord steps on the Jacobian of this Op's last successful solve in
     #: this thread (unless the last extra input, "continued", is False), and return the last
     #: evaluated iterate instead of taking the final Newton step (`iterations.newton`'s `chord`
-    #: and ``final_step=False``): set on the copies that `sequential_solve` makes; default
-    #: (numpy) backend only.
+    #: and ``final_step=False``): set on the copies that `sequential_solve` makes; numpy and
+    #: numba loops (JAX takes plain Newton steps).
     sequential = False
 
     # One attribute per option, as the scipy Ops store theirs (backends/scipy/ops.py): a
