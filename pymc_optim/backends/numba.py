@@ -551,6 +551,8 @@ def _newton_driver(newton, canonical, *, warm_start: bool, sequential: bool, pre
 _WARM_HEADER = 3
 
 _extrapolated_start = _njit(extrapolated_start)
+#: Compiled into the warm-starting solvers from another module: part of their cache key.
+_EXTRAPOLATION_SOURCE = inspect.getsource(extrapolated_start)
 
 
 @_njit
@@ -819,6 +821,7 @@ def _solver(op: SolverOp, env: dict, src: str, loop, keys: list, options: tuple)
 
 def _cache_key(op: SolverOp, src: str, keys: list, options: tuple) -> str:
     constants = (ARMIJO, CHORD_CONTRACTION, MAX_BACKTRACKS, ROUNDING, STEP_TOL, _ANDERSON_MEMORY)
+    constants = (*constants, CANONICAL_BITS, _EXTRAPOLATION_SOURCE)
     parts = (type(op).__name__, _SOURCE_KEY, src, tuple(keys), constants, options)
     return sha256(str(parts).encode()).hexdigest()
 
