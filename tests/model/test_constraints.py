@@ -278,7 +278,7 @@ def test_kriged_sparse_marginal_refuses_jax_naming_the_backends_that_run_it():
     with pytest.raises(
         NotImplementedError,
         match=r"\(sparse Cholesky\) has no JAX implementation; compile with PyTensor's default C "
-        r"backend or mode='NUMBA' \(object mode\), or, for a Laplace marginal under JAX, pass "
+        r"backend or mode='NUMBA', or, for a Laplace marginal under JAX, pass "
         r"`hessian_structure='dense'`",
     ):
         marginal.compile_logp(mode="JAX")

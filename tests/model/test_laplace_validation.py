@@ -76,8 +76,8 @@ def intercepts(likelihood: str, centered: bool) -> pm.Model:
 def test_hyperparameters_agree_with_a_long_full_nuts_run(likelihood):
     """NUTS on the Laplace marginal against 2 × 4,000 draws of NUTS on the full non-centred
     model: every hyperparameter's mean within 4 combined Monte Carlo errors plus 0.1 posterior
-    sd, its sd within 10 %. Measured (|difference| in sds; sd ratio): Bernoulli μ 0.024, σ
-    0.035 (0.97, 1.05); negative binomial μ 0.013, σ 0.042, α 0.035 (0.97, 1.00, 0.95)."""
+    sd, its sd within 10 %. Measured (|difference| in sds; sd ratio): Bernoulli μ 0.018, σ
+    0.014 (1.02, 1.04); negative binomial μ 0.039, σ 0.024, α 0.007 (0.95, 0.97, 1.02)."""
     with intercepts(likelihood, centered=False):
         full = pm.sample(
             draws=4000,
@@ -89,9 +89,18 @@ def test_hyperparameters_agree_with_a_long_full_nuts_run(likelihood):
             target_accept=0.95,
         )
     marginal_model = pmo.marginalize_laplace(intercepts(likelihood, centered=True), "u")
+    # the reference's sampler settings: at the default target_accept (0.8) NUTS on this
+    # posterior diverges now and then by leaping into the HalfNormal's tail (log σ ≈ 3, where
+    # the Laplace marginal's value and gradient equal a quadrature of the exact marginal to 0.2 %)
     with marginal_model:
         marginal = pm.sample(
-            draws=2000, tune=1000, chains=2, cores=1, random_seed=2, progressbar=False
+            draws=2000,
+            tune=1000,
+            chains=2,
+            cores=1,
+            random_seed=2,
+            progressbar=False,
+            target_accept=0.95,
         )
     names = ["mu", "sigma", *(["alpha"] if likelihood == "negative_binomial" else [])]
     for name in names:
