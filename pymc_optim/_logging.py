@@ -13,9 +13,8 @@ if not logging.root.handlers:
     if not logger.handlers:
         logger.addHandler(logging.StreamHandler())
 
-#: What each backend does with a graph-native solver loop, and how long it takes. Measured on
-#: the Finland GP marginal's logp and gradient, empty caches, a quiet 2-core machine: numba 1.6 s
-#: to build the function and 30 s in its first call; JAX 2.7 s and 1.3 s.
+#: What each backend does with a graph-native solver loop at the first call (the figures behind
+#: the wording are in benchmarks/README.md, bench_compile).
 _HOW = {
     "numba": "numba compiles it to machine code at the first call (half a minute or more with "
     "an empty cache; later processes reuse numba's disk cache)",

@@ -439,7 +439,6 @@ def _constant_value(var):
         raise _GiveUp(f"{var} is not a constant of the graph")
     # each Op's perform, in order, without compiling (no rewrites, no C module cache); except
     # that a cast is numpy's: PyTensor's Elemwise{Cast}.perform calls a Python function per entry
-    # (np.frompyfunc), 7 s for pm.ICAR's tril(W) at 5,000 areas
     values = {r: _constant_value(r) for r in roots}
     try:
         for node in io_toposort(roots, [var]):

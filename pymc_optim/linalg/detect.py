@@ -48,9 +48,9 @@ structural reading proves the Jacobian fits the given structure, nothing more is
 where values exist, the numerical pattern is computed and a structure that drops nonzero entries
 is a ValueError naming them.
 
-Build-time cost (``benchmarks/bench_user_graphs.py``): the structural reading is linear in the
-number of graph nodes, about 1 ms for the Poisson random-intercepts objective whatever n; the
-numerical pattern costs one compilation (≈ 0.3–1 s) plus n reverse passes per point.
+Build-time cost (measured in ``benchmarks/bench_user_graphs.py``): the structural reading is
+linear in the number of graph nodes and does not depend on n; the numerical pattern costs one
+compilation plus n reverse passes per point.
 """
 
 from __future__ import annotations

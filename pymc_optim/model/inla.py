@@ -162,8 +162,7 @@ def fit_inla(
     a latent draw from a given standard noise (a lazy branch: latent draws only), and each
     inner Newton solve starts at the last successful mode. The marginal is evaluated point by
     point with it (a loop): vectorizing the marginal's graph over a batch of θ points compiles
-    a much larger function (tens of seconds for a 300-element latent, more than 15 minutes for
-    a dense one of 25) than the loop saves at these point counts. The latent draws visit the θ
+    a much larger function than the loop saves at these point counts. The latent draws visit the θ
     draws along their main axis so that each solve starts near its mode; a separate draw
     function compiled the mean correction's reverse pass through H(x) a second time.
 

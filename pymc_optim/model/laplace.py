@@ -380,8 +380,7 @@ def recover_latent(
     how many. One function is compiled for a draw: the solve (the
     marginal's own graph for x*(θ) and H), the draw from H's factor and the map to the latent
     variables, kept with the marginal model so that another call on it compiles nothing. The
-    marginal is not vectorized over draws, whose stacked copy compiles far more slowly (more
-    than 15 minutes for a dense latent of 25).
+    marginal is not vectorized over draws, whose stacked copy compiles far more slowly.
 
     Parameters
     ----------
