@@ -28,8 +28,8 @@ pytestmark = pytest.mark.slow
 N_GROUPS = 10
 _rng = np.random.default_rng(11)
 #: per likelihood: the trials per group, the data, and the likelihood of the intercepts u[GROUP]
-#: (issue 14: Poisson counts; Bernoulli-logit, 20 trials per group; negative binomial counts
-#: with an overdispersion hyperparameter α)
+#: (Poisson counts; Bernoulli-logit, 20 trials per group; negative binomial counts with an
+#: overdispersion hyperparameter α)
 PER_GROUP = {"poisson": 4, "bernoulli": 20, "negative_binomial": 4}
 DATA = {
     "poisson": _rng.poisson(np.exp(1.0 + _rng.normal(0.0, 0.6, N_GROUPS))[np.repeat(range(10), 4)]),

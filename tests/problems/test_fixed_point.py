@@ -94,7 +94,7 @@ def test_implicit_gradient_matches_differentiating_the_unrolled_iteration(
 
 @pytest.mark.parametrize("method", ["iteration", "anderson", "newton"])
 def test_an_update_of_another_size_at_run_time_gives_success_false(method):
-    # T(x) has a's size, known only at run time (issue 17, defect 2)
+    # T(x) has a's size, known only at run time
     x, a = pt.vector("x"), pt.vector("a")
     x_star, success = pmo.fixed_point(0.5 * a + 0.1 * x.sum(), x, x0=np.zeros(3), method=method)
     x_value, ok = pytensor.function([a], [x_star, success])(np.ones(2))

@@ -331,7 +331,7 @@ def _scipy_minimize(case: Case, problem):
     return optimize.minimize(fun, z0, method=case.method, **kwargs, **case.optimizer_kwargs)
 
 
-# --- a failed solve inside a sampled model (issue 17, defect 1) ------------------------------
+# --- a failed solve inside a sampled model ------------------------------------------------
 
 INVESTOR_MU = np.array([0.08, 0.06, 0.05, 0.03])
 INVESTOR_SD = np.array([0.2, 0.15, 0.1, 0.05])
@@ -376,7 +376,7 @@ def test_sampling_the_mean_variance_investor_rejects_failed_solves_and_completes
 @pytest.mark.parametrize("method", ["BFGS", "CG", "L-BFGS-B"])
 def test_a_stationary_point_that_is_not_a_minimum_is_not_a_success(method):
     # ((x² − 1)²) has a maximum at 0 in each coordinate: started there, the gradient vanishes
-    # and scipy reports success (issue 17, defect 4); the Hessian at x*, −4I, says otherwise
+    # and scipy reports success; the Hessian at x*, −4I, says otherwise
     x, c = pt.vector("x"), pt.scalar("c")
     x_star, success = pmo.minimize((c * (x**2 - 1) ** 2).sum(), x, x0=np.zeros(2), method=method)
     fn = pytensor.function([c], [x_star, success])

@@ -244,7 +244,7 @@ def _scipy_root(case: Case, problem):
 
 
 # --------------------------------------------------------------------------------------------
-# sizes known only at run time (issue 17, defect 2)
+# sizes known only at run time
 # --------------------------------------------------------------------------------------------
 
 
@@ -262,7 +262,7 @@ def test_equations_of_another_size_at_run_time_give_success_false(method, n_equa
 
 
 # --------------------------------------------------------------------------------------------
-# success is decided on the residual at the returned point (issue 17, defect 4)
+# success is decided on the residual at the returned point
 # --------------------------------------------------------------------------------------------
 
 

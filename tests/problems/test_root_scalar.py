@@ -178,8 +178,7 @@ def test_integer_parameter_is_not_differentiable():
 @pytest.mark.parametrize("method", ["bisect", "brentq", "ridder", "toms748"])
 @pytest.mark.parametrize("where", ["bracket", "equation"])
 def test_a_nan_at_a_bracket_end_gives_success_false(method, where):
-    # scipy reports NaN iterations here, which raised "cannot convert float NaN to integer"
-    # from `perform` (issue 17, defect 2)
+    # scipy reports NaN iterations here: `perform` must not convert them to an integer
     s, c = pt.scalar("s"), pt.scalar("c")
     if where == "bracket":
         x_star, success = pmo.root_scalar(s - 1.0, s, method=method, bracket=(c, 3.0))
