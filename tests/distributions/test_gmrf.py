@@ -475,3 +475,75 @@ def test_rw_sum_to_zero_draws_and_transform(order):
     backward = np.column_stack([transform.backward(e).eval() for e in np.eye(n - order)])
     volume = 0.5 * np.linalg.slogdet(backward.T @ backward)[1]
     np.testing.assert_allclose(transform.log_jac_det(y).eval(), volume, rtol=1e-12)
+
+
+# --- bym2_scaling_factor ----------------------------------------------------------------------
+
+
+def dense_scaling_factors(n, edges, weights=None):
+    """The reference: diag of the dense pseudo-inverse of the Laplacian, geometric means over
+    the nodes with a neighbour, overall and per component (isolated nodes: 1)."""
+    from scipy.sparse.csgraph import connected_components
+
+    variances = np.diag(np.linalg.pinv(laplacian(n, edges, weights), hermitian=True))
+    adjacency = sp.coo_matrix((np.ones(len(edges)), tuple(np.asarray(edges).T)), shape=(n, n))
+    _, component = connected_components(adjacency, directed=False)
+    sizes = np.bincount(component)[component]
+    overall = np.exp(np.log(variances[sizes > 1]).mean())
+    per_node = np.ones(n)
+    for k in np.unique(component[sizes > 1]):
+        per_node[component == k] = np.exp(np.log(variances[component == k]).mean())
+    return overall, per_node
+
+
+@pytest.mark.parametrize(
+    ("n", "edges", "weights"),
+    [
+        (9, np.column_stack([np.arange(8), np.arange(1, 9)]), None),  # a chain
+        (20, grid_edges(4, 5), None),
+        (16, EDGES, WEIGHTS),  # two weighted islands (components)
+        # two components and an isolated node (node 7)
+        (12, np.concatenate([grid_edges(2, 3), [(6, 8), (8, 9), (9, 10), (10, 11)]]), None),
+    ],
+    ids=["chain", "grid", "two-weighted-components", "components-and-isolated-node"],
+)
+def test_bym2_scaling_factor_equals_the_dense_pseudo_inverse(n, edges, weights):
+    from pymc_optim.distributions import bym2_scaling_factor
+
+    overall, per_node = dense_scaling_factors(n, edges, weights)
+    np.testing.assert_allclose(
+        bym2_scaling_factor(edges, weights=weights, n=n), overall, rtol=1e-10, atol=0
+    )
+    np.testing.assert_allclose(
+        bym2_scaling_factor(edges, weights=weights, n=n, per_component=True),
+        per_node,
+        rtol=1e-10,
+        atol=0,
+    )
+    # the same graph given as a sparse adjacency
+    w = np.ones(len(edges)) if weights is None else weights
+    upper = sp.coo_matrix((w, tuple(np.asarray(edges).T)), shape=(n, n))
+    np.testing.assert_allclose(
+        bym2_scaling_factor(adjacency=upper + upper.T), overall, rtol=1e-10, atol=0
+    )
+
+
+def test_bym2_scaling_factor_on_the_germany_map():
+    """544 districts, one component: the sparse computation against the dense pseudo-inverse."""
+    from pymc_optim.datasets import load_germany
+    from pymc_optim.distributions import bym2_scaling_factor
+
+    edges = load_germany().edges
+    overall, _ = dense_scaling_factors(544, edges)
+    np.testing.assert_allclose(bym2_scaling_factor(edges, n=544), overall, rtol=1e-10, atol=0)
+
+
+def test_bym2_scaling_factor_refuses_a_malformed_graph():
+    from pymc_optim.distributions import bym2_scaling_factor
+
+    with pytest.raises(ValueError, match=r"Give exactly one of `edges`"):
+        bym2_scaling_factor()
+    with pytest.raises(ValueError, match=r"`edges` must list each undirected edge once"):
+        bym2_scaling_factor([(0, 1), (1, 0)])
+    with pytest.raises(ValueError, match=r"`adjacency` has no edge"):
+        bym2_scaling_factor(adjacency=sp.csr_matrix((3, 3)))
