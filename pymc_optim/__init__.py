@@ -23,11 +23,7 @@ from pymc_optim.rewrites import composite_inputs as _composite_inputs  # noqa: F
 from pymc_optim.rewrites import scalar as _scalar  # noqa: F401  (registers the rewrite)
 from pymc_optim.rewrites import stack_trace as _stack_trace  # noqa: F401  (wraps a rewrite)
 from pymc_optim.rewrites import structured_linalg as _structured_linalg  # noqa: F401  (same)
-from pymc_optim.rewrites.structured_linalg import (
-    disable_rewrites,
-    enable_rewrites,
-    rewrites_enabled,
-)
+from pymc_optim.rewrites.switch import disable_rewrites, enable_rewrites, rewrites_enabled
 
 __all__ = [
     "CountingNUTS",

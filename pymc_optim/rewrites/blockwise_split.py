@@ -10,7 +10,8 @@ sizes do not vary along the batch (their batch dimensions are broadcastable), th
 is ``Split`` along the axis (an Op property) shifted past the batch dimensions.
 
 Registered in the ``specialize`` pass (``fast_run``, hence the C, numba and JAX modes); exclude
-it with ``mode.excluding("pymc_optim_blockwise_split")``.
+it with ``mode.excluding("pymc_optim_blockwise_split")``, or for the whole process with
+``pmo.disable_rewrites()`` (it acts on any batched ``Split``, not only pymc_optim's graphs).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from pytensor.tensor.basic import Split
 from pytensor.tensor.blockwise import Blockwise
 from pytensor.tensor.rewriting.basic import register_specialize
 
+from pymc_optim.rewrites.switch import enabled
+
 __all__ = ["BLOCKWISE_SPLIT_REWRITE"]
 
 #: The rewrite's name and tag in PyTensor's optdb.
@@ -28,6 +31,8 @@ BLOCKWISE_SPLIT_REWRITE = "pymc_optim_blockwise_split"
 
 @node_rewriter([Blockwise])
 def _unbatched_split(fgraph, node):
+    if not enabled():
+        return None
     core = node.op.core_op
     if not isinstance(core, Split):
         return None

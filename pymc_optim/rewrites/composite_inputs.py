@@ -12,7 +12,8 @@ arithmetic is the same.
 
 Registered in PyTensor's ``optdb`` (``fast_run``) after its last merge pass, which is where the
 repeated inputs appear (equal subgraphs feeding a fused node merged into one); exclude it with
-``mode.excluding("pymc_optim_composite_unique_inputs")``.
+``mode.excluding("pymc_optim_composite_unique_inputs")``, or for the whole process with
+``pmo.disable_rewrites()`` (it acts on any fused node, not only pymc_optim's graphs).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from pytensor.graph.rewriting.basic import copy_stack_trace, dfs_rewriter, node_
 from pytensor.scalar import Composite
 from pytensor.tensor.elemwise import Elemwise
 
+from pymc_optim.rewrites.switch import enabled
+
 __all__ = ["COMPOSITE_INPUTS_REWRITE"]
 
 #: The rewrite's name in PyTensor's optdb.
@@ -31,6 +34,8 @@ COMPOSITE_INPUTS_REWRITE = "pymc_optim_composite_unique_inputs"
 
 @node_rewriter([Elemwise])
 def _unique_composite_inputs(fgraph, node):
+    if not enabled():
+        return None
     composite = node.op.scalar_op
     if not isinstance(composite, Composite):
         return None

@@ -39,6 +39,9 @@ alone.)
 
 Turn the rewrite off for one function with
 ``pytensor.function(..., mode=pytensor.compile.get_default_mode().excluding("pymc_optim_scalar"))``.
+``pmo.disable_rewrites()`` leaves it on: it matches only pymc_optim's own `MinimizeOp` and
+`RootOp`, so a graph without them compiles as without the package
+(``tests/test_side_effects.py``).
 """
 
 from __future__ import annotations

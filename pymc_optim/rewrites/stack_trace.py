@@ -11,8 +11,9 @@ trace reached 1.3·10⁸ entries (3.5 GB) before PyTensor raised MemoryError ins
 
 The wrapper keeps the rewrite and its result, and gives ``a`` its own trace once plus the
 switch's outputs' traces (what the rewrite means to record), so the trace stays linear in the
-number of rewrites. Installed once on import, on PyTensor's rewriter object itself (the same
-object in every rewrite database that holds it).
+number of rewrites. Installed on import on PyTensor's rewriter object itself (the same object
+in every rewrite database that holds it), through :mod:`pymc_optim.rewrites.switch`:
+``pmo.disable_rewrites()`` gives the rewriter its own function back.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from __future__ import annotations
 import functools
 
 from pytensor.tensor.rewriting import basic as _tensor_rewriting
+
+from pymc_optim.rewrites.switch import install
 
 __all__ = ["without_self_trace_copies"]
 
@@ -43,6 +46,20 @@ def without_self_trace_copies(fn):
     return rewrite
 
 
-_tensor_rewriting.local_useless_switch.fn = without_self_trace_copies(
-    _tensor_rewriting.local_useless_switch.fn
-)
+def _install() -> None:
+    rewriter = _tensor_rewriting.local_useless_switch
+    pytensors = rewriter.fn
+    if getattr(pytensors, "_pymc_optim_trace_safe", False):
+        return  # already wrapped (the module was reloaded)
+    wrapped = without_self_trace_copies(pytensors)
+
+    def put() -> None:
+        rewriter.fn = wrapped
+
+    def take() -> None:
+        rewriter.fn = pytensors
+
+    install(put, take)
+
+
+_install()

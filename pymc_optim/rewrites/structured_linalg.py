@@ -55,26 +55,21 @@ inside or outside a model, ``model.logp()``, ``compile_logp``, ``compile_dlogp``
 
 What importing pymc_optim changes for every graph of the process
 ----------------------------------------------------------------
-- PyTensor's ``optdb``: the rewrites above (tag `TAG`) in the ``fast_run`` passes, and
-  ``pmo_batched_slogdet`` (stabilize). Each acts only on a Cholesky, solve, inverse,
-  determinant, transpose or product whose matrix is a ``kron`` or ``block_diag`` (or, for
-  ``pmo_batched_slogdet``, a batched ``det`` PyTensor 2.38 cannot compile): on a graph without
-  them no rewrite of ours fires, so it compiles to what it compiles to without pymc_optim
-  (tested in ``tests/test_user_graphs.py``, by spying on every rewriter and comparing the
-  compiled computations; the shape part of some compiled graphs, e.g. a dense MvNormal
-  gradient, varies between compilations in PyTensor 2.38 itself, with or without pymc_optim,
-  because ``broadcast_shape_iter`` orders symbolic lengths through a set).
+- PyTensor's ``optdb``: the rewrites above and ``pmo_batched_slogdet`` (stabilize), all tagged
+  `TAG`, in the ``fast_run`` passes. Each acts only on a Cholesky, solve, inverse, determinant,
+  transpose or product whose matrix is a ``kron`` or ``block_diag`` (or, for
+  ``pmo_batched_slogdet``, a batched ``det``): on a graph without them no rewrite of ours
+  fires (``tests/test_user_graphs.py`` spies on every rewriter).
 - PyMC's logprob database: the same rewrites in the ``cleanup`` pass, and the MvNormal
   ``_logprob`` wrapper (a density without Kronecker or block-diagonal matrices comes back as
   PyMC's very same graph).
-- The solvers' own rewrites (:mod:`pymc_optim.rewrites.scalar`,
-  :mod:`pymc_optim.backends.vectorize`) act only
-  on pymc_optim's Ops.
 
-:func:`disable_rewrites` (``pmo.disable_rewrites()``) turns all of the first two off for the
-rest of the process (every rewriter and the wrapper check the switch when they run);
-:func:`enable_rewrites` turns them back on; ``mode.excluding(TAG)`` turns off the compile-time
-part for one function.
+``pmo.disable_rewrites()`` (:mod:`pymc_optim.rewrites.switch`) turns both off for the rest of
+the process — every rewriter checks the switch when it runs, and PyMC's dispatch gets PyMC's
+own MvNormal function back — together with every other change of the import
+(``tests/test_side_effects.py`` compares compiled graphs with those of an interpreter that
+never imported pymc_optim); ``pmo.enable_rewrites()`` turns them back on;
+``mode.excluding(TAG)`` turns off the compile-time part for one function.
 
 Symmetry. Like PyTensor's own lift, the Cholesky rewrites assume that the factors are symmetric
 (``cholesky`` reads one triangle; the triangle of A ⊗ B holds entries from both triangles of B).
@@ -142,62 +137,12 @@ from pytensor.tensor.random.op import RandomVariable
 from pytensor.tensor.shape import SpecifyShape
 from pytensor.tensor.subtensor import Subtensor
 
-__all__ = ["TAG", "disable_rewrites", "enable_rewrites", "rewrites_enabled", "structure_linalg"]
+from pymc_optim.rewrites.switch import enabled, install
+
+__all__ = ["TAG", "structure_linalg"]
 
 #: The tag of every rewrite here: ``get_default_mode().excluding(TAG)`` compiles densely.
 TAG = "pmo_structured_linalg"
-
-#: Whether the rewrites of this module act (see :func:`disable_rewrites`). Checked by every
-#: rewriter when it runs, so turning them off affects every later compilation in the process.
-_ENABLED = True
-
-
-# disable_rewrites and enable_rewrites are two public switches, each with its example (the docs
-# test asks every public function for one); a duplicate-code scan pairs their shape.
-def disable_rewrites() -> None:
-    """Turn off, for the rest of the process, every graph change that importing pymc_optim
-    makes to graphs that do not contain its solvers.
-
-    After this, PyTensor compiles every graph as it would without pymc_optim, and PyMC's
-    MvNormal log density is PyMC's own graph again. The solvers' own rewrites (scalar Newton
-    for one-unknown problems, batched graph-native solves) stay: they only ever touch
-    pymc_optim's Ops. :func:`enable_rewrites` turns them back on.
-
-    Examples
-    --------
-    >>> import pymc_optim as pmo
-    >>> pmo.disable_rewrites()
-    >>> pmo.rewrites_enabled()
-    False
-    >>> pmo.enable_rewrites()  # back to the state after import
-    """
-    global _ENABLED
-    _ENABLED = False
-
-
-def enable_rewrites() -> None:
-    """Undo :func:`disable_rewrites` (the state after ``import pymc_optim``).
-
-    Examples
-    --------
-    >>> import pymc_optim as pmo
-    >>> pmo.disable_rewrites(); pmo.enable_rewrites(); pmo.rewrites_enabled()
-    True
-    """
-    global _ENABLED
-    _ENABLED = True
-
-
-def rewrites_enabled() -> bool:
-    """Whether the structured linear-algebra rewrites are on (see :func:`disable_rewrites`).
-
-    Examples
-    --------
-    >>> import pymc_optim as pmo
-    >>> pmo.rewrites_enabled()  # on after ``import pymc_optim``
-    True
-    """
-    return _ENABLED
 
 
 def structure_linalg(outputs: Variable | Sequence[Variable]):
@@ -227,7 +172,7 @@ def structure_linalg(outputs: Variable | Sequence[Variable]):
     """
     single = isinstance(outputs, Variable)
     outs = [outputs] if single else list(outputs)
-    if not _ENABLED or not _has_structure(outs):
+    if not enabled() or not _has_structure(outs):
         return outputs if single else outs  # nothing to factor: the very same variables
     # Random variables and PyMC's model-variable markers must stay the very same objects (a
     # model graph holds one node per variable): they stand aside while the rest is cloned.
@@ -633,7 +578,7 @@ def _like(old, new):
 def structured_cholesky(fgraph, node):
     """cholesky(A ⊗ B) = cholesky(A) ⊗ cholesky(B); cholesky(block_diag(Aᵢ)) =
     block_diag(cholesky(Aᵢ))."""
-    if not _ENABLED:
+    if not enabled():
         return None
     op = _core_op(node.op)
     if not isinstance(op, Cholesky):
@@ -645,7 +590,7 @@ def structured_cholesky(fgraph, node):
 @node_rewriter([SolveTriangular, Solve, CholeskySolve, Blockwise])
 def structured_solve(fgraph, node):
     """solve(A ⊗ B, b) by the vec trick; solve(block_diag(Aᵢ), b) block by block."""
-    if not _ENABLED:
+    if not enabled():
         return None
     op = _core_op(node.op)
     if not isinstance(op, SolveTriangular | Solve | CholeskySolve):
@@ -688,7 +633,7 @@ def structured_solve(fgraph, node):
 def structured_slogdet(fgraph, node):
     """slogdet(A ⊗ B) = (sign(A)ᵐ sign(B)ⁿ, m log|A| + n log|B|); slogdet(block_diag(Aᵢ)) =
     (Π sign(Aᵢ), Σ log|Aᵢ|)."""
-    if not _ENABLED:
+    if not enabled():
         return None
     if not isinstance(_core_op(node.op), SLogDet):
         return None
@@ -713,7 +658,7 @@ def _scalar_op(node):
 def structured_log_det(fgraph, node):
     """log(det(x)), log(abs(det(x))) and sign(det(x)) of a Kronecker or block-diagonal x
     through the factors' log-determinants."""
-    if not _ENABLED:
+    if not enabled():
         return None
     scalar_op = _scalar_op(node)
     if isinstance(scalar_op, Log):
@@ -738,7 +683,7 @@ def structured_log_det(fgraph, node):
 def structured_sum_log_diag(fgraph, node):
     """Σ log diag(L) over the last axis of a Kronecker / block-diagonal Cholesky factor L
     (the log-determinant as PyMC's MvNormal writes it) through the factors."""
-    if not _ENABLED:
+    if not enabled():
         return None
     [logs] = node.inputs
     if logs.owner is None or not isinstance(_scalar_op(logs.owner), Log):
@@ -764,7 +709,7 @@ def structured_sum_log_diag(fgraph, node):
 @node_rewriter([DimShuffle])
 def structured_transpose(fgraph, node):
     """(A ⊗ B)ᵀ = Aᵀ ⊗ Bᵀ; block_diag(Aᵢ)ᵀ = block_diag(Aᵢᵀ)."""
-    if not _ENABLED:
+    if not enabled():
         return None
     y = _transposed(node.outputs[0])
     if y is None:
@@ -780,7 +725,7 @@ def structured_transpose(fgraph, node):
 def structured_matmul(fgraph, node):
     """(A ⊗ B) M = vec(A X Bᵀ) column by column, and M (A ⊗ B) = ((Aᵀ ⊗ Bᵀ) Mᵀ)ᵀ: O(N(n + m))
     per column instead of O(N²) (the gradient of a Cholesky multiplies by Lᵀ)."""
-    if not _ENABLED:
+    if not enabled():
         return None
     if not isinstance(_core_op(node.op), Dot) or any(i.ndim < 2 for i in node.inputs):
         return None
@@ -821,7 +766,7 @@ def _conformable(left_factors, right_factors) -> bool:
 def structured_inverse(fgraph, node):
     """(A ⊗ B)⁻¹ = A⁻¹ ⊗ B⁻¹; block_diag(Aᵢ)⁻¹ = block_diag(Aᵢ⁻¹) (PyMC's MvNormal with
     ``tau=`` inverts the precision)."""
-    if not _ENABLED or not isinstance(_core_op(node.op), MatrixInverse):
+    if not enabled() or not isinstance(_core_op(node.op), MatrixInverse):
         return None
     [x] = node.inputs
     if factors := _kron_factors(x):
@@ -838,7 +783,7 @@ def one_matrix_many_columns(fgraph, node):
 
     A vectorized Jacobian (the Laplace Hessian, the Newton system) solves with the prior's
     Cholesky factor once per direction; as a Blockwise that is a Python loop of small solves."""
-    if not _ENABLED:
+    if not enabled():
         return None
     op = node.op.core_op
     if not isinstance(op, SolveTriangular | Solve | CholeskySolve) or op.b_ndim != 2:
@@ -862,7 +807,7 @@ def batched_slogdet(fgraph, node):
     PyTensor 2.38's ``slogdet_specialization`` builds ``SLogDet`` (core, 2-D only) for any
     ``det`` and fails on a batch; this runs first (stabilize) and leaves ``det`` to its other
     clients (e.g. a gradient)."""
-    if not _ENABLED:
+    if not enabled():
         return None
     if not (isinstance(node.op.core_op, Det) and node.inputs[0].ndim > 2):
         return None
@@ -890,7 +835,7 @@ def batched_slogdet(fgraph, node):
 def structured_diagonal(fgraph, node):
     """diag(A ⊗ B) = diag A ⊗ diag B; diag(block_diag(Aᵢ)) = [diag A₁, …] (PyMC's
     positive-definiteness check reads the Cholesky factor's diagonal)."""
-    if not _ENABLED:
+    if not enabled():
         return None
     op = node.op
     [x] = node.inputs
@@ -931,7 +876,7 @@ def _register():
         for rewriter in _REWRITERS:
             optdb[phase].register(f"{TAG}_{rewriter.__name__}", rewriter, "fast_run", TAG)
     # A fix of PyTensor, needed by the rewrites (batched factors) but not one of them.
-    optdb["stabilize"].register("pmo_batched_slogdet", batched_slogdet, "fast_run")
+    optdb["stabilize"].register("pmo_batched_slogdet", batched_slogdet, "fast_run", TAG)
     # model.logp(): every PyMC log density is factored before anyone differentiates it.
     from pymc.logprob.rewriting import logprob_rewrites_db
 
@@ -948,7 +893,8 @@ def _factor_pymc_log_densities():
     function there makes the returned graph pass through :func:`structure_linalg` before anyone
     differentiates it (compile-time rewrites alone act after ``pytensor.grad`` and leave the
     dense (N, N) Cholesky gradient in place). A graph without Kronecker or block-diagonal
-    matrices comes back as the very same variables."""
+    matrices comes back as the very same variables. Installed through the switch: after
+    :func:`~pymc_optim.rewrites.switch.disable_rewrites` PyMC's dispatch holds PyMC's function."""
     from pymc.distributions.multivariate import MvNormalRV
     from pymc.logprob.abstract import _logprob
 
@@ -960,7 +906,10 @@ def _factor_pymc_log_densities():
         return structure_linalg(pymc_logp(op, values, *inputs, **kwargs))
 
     factored_logp._pmo_factored = True
-    _logprob.register(MvNormalRV)(factored_logp)
+    install(
+        lambda: _logprob.register(MvNormalRV)(factored_logp),
+        lambda: _logprob.register(MvNormalRV)(pymc_logp),
+    )
 
 
 _register()
