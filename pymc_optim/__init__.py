@@ -12,6 +12,7 @@ from pymc_optim.model.agents import Equilibrium, Optimum
 from pymc_optim.model.failure import CountingNUTS, failure_summary
 from pymc_optim.model.inla import fit_inla, plot_inla_marginals
 from pymc_optim.model.laplace import LaplaceInfo, laplace_info, marginalize_laplace, recover_latent
+from pymc_optim.model.laplace_predictive import sample_posterior_predictive
 from pymc_optim.problems.constrained import LagrangeMultipliers, lagrange_multipliers
 from pymc_optim.problems.fixed_point import fixed_point
 from pymc_optim.problems.minimize import minimize
@@ -49,6 +50,7 @@ __all__ = [
     "rewrites_enabled",
     "root",
     "root_scalar",
+    "sample_posterior_predictive",
     "solution_info",
     "solver_trace",
 ]

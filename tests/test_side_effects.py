@@ -89,7 +89,10 @@ print(json.dumps(found))
 
 
 def _probe(linker: str, with_package: bool) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
     result = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(PROBE), linker, "1" if with_package else "0"],
         capture_output=True,
@@ -109,5 +112,7 @@ def test_disable_rewrites_leaves_pytensor_and_pymc_as_without_the_package(linker
     disabled = _probe(linker, with_package=True)
     assert without.keys() == disabled.keys()
     differ = [key for key in without if disabled[key] != without[key]]
-    details = "\n\n".join(f"{k}:\n{without[k]}\n--- after disable_rewrites:\n{disabled[k]}" for k in differ)
+    details = "\n\n".join(
+        f"{k}:\n{without[k]}\n--- after disable_rewrites:\n{disabled[k]}" for k in differ
+    )
     assert not differ, f"differ after pmo.disable_rewrites(): {differ}\n\n{details}"

@@ -36,7 +36,6 @@ from pymc_optim.model.laplace_marker import (
     laplace_node,
     remove_laplace_marker,  # noqa: F401  (imported from here)
 )
-from pymc_optim.model.laplace_predictive import guard_posterior_predictive
 from pymc_optim.model.laplace_recovery import (
     initial_mode,
     nearest_neighbour_order,
@@ -147,9 +146,11 @@ def marginalize_laplace(
         draws); with the potential ``"laplace_marginal"``, whose graph carries what
         :func:`recover_latent` and :func:`laplace_info` need. Other variables, Deterministics
         and coords carry over. The observed variables that depend on the latent are gone:
-        ``pm.sample_posterior_predictive`` in it raises a ``NotImplementedError`` showing the
-        recipe (unless `var_names` names variables it has); predict and compute pointwise log
-        likelihoods in the original model after :func:`recover_latent` (see its Notes).
+        ``pm.sample_posterior_predictive`` in it returns no draws of them (and a ``KeyError``
+        for their names), and :func:`~pymc_optim.sample_posterior_predictive` raises a
+        ``NotImplementedError`` showing the recipe (unless `var_names` names variables it has);
+        predict and compute pointwise log likelihoods in the original model after
+        :func:`recover_latent` (see its Notes).
 
     Raises
     ------
@@ -427,9 +428,10 @@ def recover_latent(
     Notes
     -----
     The observed variables that depend on the latent are integrated out of the marginal model
-    with it, so ``pm.sample_posterior_predictive`` in the marginal model (where PyMC would
-    silently return no draws of them) raises a ``NotImplementedError`` that shows this recipe.
-    Predict and compare models in the *original* model, on the recovered draws::
+    with it, so ``pm.sample_posterior_predictive`` in the marginal model returns no draws of
+    them; :func:`~pymc_optim.sample_posterior_predictive` raises a
+    ``NotImplementedError`` that shows this recipe instead. Predict and compare models in the
+    *original* model, on the recovered draws::
 
         idata = pmo.recover_latent(marginal_model, idata)
         with model:  # the model given to marginalize_laplace
@@ -515,6 +517,3 @@ def recover_latent(
     )
     store_recovered(marginal_model, posterior, per_chain)
     return idata
-
-
-guard_posterior_predictive()

@@ -78,8 +78,8 @@ class LaplaceMarginal(Op):
     graph with what :func:`recover_latent` needs.
 
     `observed_names` are the observed variables integrated out with the latents (for the
-    error of ``pm.sample_posterior_predictive`` in the marginal model, see
-    :func:`pymc_optim.model.laplace_predictive.guard_posterior_predictive`).
+    error of ``pmo.sample_posterior_predictive`` in the marginal model, see
+    :func:`pymc_optim.model.laplace_predictive.sample_posterior_predictive`).
 
     Inputs are ``[marginal, mode, hessian, success, *params]``; the inner graph
     ``recovery_inputs = [z, *placeholders] → recovery_outputs`` maps a flat unconstrained latent

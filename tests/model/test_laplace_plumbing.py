@@ -8,13 +8,11 @@ the conditional posterior of the latent given θ is known in closed form.
 
 from __future__ import annotations
 
-import re
 import warnings
 
 import arviz as az
 import numpy as np
 import pymc as pm
-import pymc.sampling.forward
 import pytensor.tensor as pt
 import pytest
 import scipy.stats
@@ -270,49 +268,9 @@ def test_posterior_predictive_and_loo_in_the_original_model():
 RECIPE = r"(?s)Predict in the original model.*pmo.recover_latent\(marginal_model, idata\)"
 
 
-@pytest.mark.parametrize("transform", [lambda m: m, clone_model], ids=["marginal", "cloned"])
-def test_posterior_predictive_in_the_marginal_model_raises_the_recipe(transform):
-    """PyMC would return an empty DataTree (the observed `y` went with the latent)."""
-    marginal = transform(pmo.marginalize_laplace(intercepts_model(), "x"))
-    idata = posterior_at([0.5, 1.0], [0.8, 1.2])
-    with (
-        marginal,
-        pytest.raises(
-            NotImplementedError, match=r"observed variables \['y'\] were integrated out with the la"
-        ) as error,
-    ):
-        pm.sample_posterior_predictive(idata, progressbar=False)
-    assert re.search(RECIPE, str(error.value))
-    # with the model as an argument, and through the module PyMC defines it in
-    with pytest.raises(NotImplementedError, match=RECIPE):
-        pymc.sampling.forward.sample_posterior_predictive(idata, model=marginal)
-    # naming a variable integrated out (observed, latent, Deterministic of the latent)
-    for name in ("y", "x", "rate"):
-        with pytest.raises(NotImplementedError, match=rf"`var_names` \['{name}'\] are not var"):
-            pm.sample_posterior_predictive(idata, model=marginal, var_names=[name])
-
-
-def test_posterior_predictive_of_variables_the_marginal_model_has_still_works():
-    marginal = pmo.marginalize_laplace(intercepts_model(), "x")
-    idata = posterior_at([0.5, 1.0], [0.8, 1.2])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # PyMC: Potentials are ignored
-        predictive = pm.sample_posterior_predictive(
-            idata, model=marginal, var_names=["mu_twice"], progressbar=False
-        )
-        # PyMC's var_names defaults to sample_vars
-        by_sample_vars = pm.sample_posterior_predictive(
-            idata, model=marginal, sample_vars=["mu_twice"], progressbar=False
-        )
-    assert_allclose(predictive.posterior_predictive["mu_twice"], 2 * idata.posterior["mu"])
-    assert_allclose(by_sample_vars.posterior_predictive["mu_twice"], 2 * idata.posterior["mu"])
-    with pytest.raises(NotImplementedError, match=r"`var_names` \['y'\] are not var"):
-        pm.sample_posterior_predictive(idata, model=marginal, sample_vars=["y"])
-
-
 @pytest.mark.slow
 def test_the_marginal_model_samples_summarizes_and_refuses_to_predict():
-    """pm.sample (its DataTree) and az.summary are unchanged by the predictive guard."""
+    """pm.sample (its DataTree) and az.summary of a marginal model; pmo's predictive guard."""
     model = intercepts_model(deterministics=False)
     marginal = pmo.marginalize_laplace(model, "x")
     with marginal:
@@ -325,7 +283,7 @@ def test_the_marginal_model_samples_summarizes_and_refuses_to_predict():
             compute_convergence_checks=False,
         )
         with pytest.raises(NotImplementedError, match=RECIPE):
-            pm.sample_posterior_predictive(idata)
+            pmo.sample_posterior_predictive(idata)
     assert list(az.summary(idata, kind="stats").index) == ["mu", "tau"]
     # PyMC 6 writes an `observed_data` group even when the model observes nothing: it must
     # hold no (stand-in) observed variable
