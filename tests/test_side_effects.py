@@ -88,16 +88,19 @@ print(json.dumps(found))
 """
 
 
-def _probe(linker: str, with_package: bool) -> dict[str, str]:
-    env = {
+def _environment() -> dict[str, str]:
+    return {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
+
+
+def _probe(linker: str, with_package: bool) -> dict[str, str]:
     result = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(PROBE), linker, "1" if with_package else "0"],
         capture_output=True,
         text=True,
-        env=env,
+        env=_environment(),
         cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -116,3 +119,94 @@ def test_disable_rewrites_leaves_pytensor_and_pymc_as_without_the_package(linker
         f"{k}:\n{without[k]}\n--- after disable_rewrites:\n{disabled[k]}" for k in differ
     )
     assert not differ, f"differ after pmo.disable_rewrites(): {differ}\n\n{details}"
+
+
+# A Kronecker MvNormal density and its gradient, built before or after `import pymc_optim`, and
+# compiled after it: Choleskys, solves and products of the factors only, values equal to the
+# dense density's.
+KRONECKER = """
+import json, sys
+import numpy as np
+import pymc as pm
+import pytensor
+import pytensor.tensor as pt
+import scipy.stats
+from pytensor.tensor.blockwise import Blockwise
+from pytensor.tensor.linalg import Cholesky, Solve, SolveTriangular
+from pytensor.tensor.math import Dot
+
+n_a, n_b = 6, 5
+A, B = pt.matrix("A", shape=(n_a, n_a)), pt.matrix("B", shape=(n_b, n_b))
+x = pt.vector("x", shape=(n_a * n_b,))
+
+
+def build():
+    logp = pm.logp(pm.MvNormal.dist(mu=0, cov=pt.linalg.kron(A, B)), x)
+    return [logp, *pt.grad(logp, [A, B, x])]
+
+
+if sys.argv[1] == "before":
+    outputs = build()
+    import pymc_optim
+else:
+    import pymc_optim
+
+    outputs = build()
+fn = pytensor.function([A, B, x], outputs)
+
+
+def largest(kinds):
+    # the largest axis of a matrix operand of the compiled graph's nodes of these kinds
+    return max(
+        max(i.type.shape)
+        for node in fn.maker.fgraph.apply_nodes
+        if isinstance(node.op.core_op if isinstance(node.op, Blockwise) else node.op, kinds)
+        for i in node.inputs
+        if i.type.ndim >= 2
+    )
+
+
+def spd(n, seed):
+    m = np.random.default_rng(seed).normal(size=(n, n))
+    return m @ m.T / n + np.eye(n)
+
+
+a, b, v = spd(n_a, 1), spd(n_b, 2), np.random.default_rng(3).normal(size=n_a * n_b)
+logp, d_a, d_b, d_x = fn(a, b, v)
+# d logp / dΣ = -(Σ⁻¹ - Σ⁻¹ v vᵀ Σ⁻¹) / 2, pulled back through Σ = A ⊗ B
+cov = np.kron(a, b)
+u = np.linalg.solve(cov, v)
+g = (-(np.linalg.inv(cov) - np.outer(u, u)) / 2).reshape(n_a, n_b, n_a, n_b)
+want = [np.einsum("ikjl,kl->ij", g, b), np.einsum("ikjl,ij->kl", g, a), -u]
+symmetric = lambda m: (m + m.T) / 2 if m.ndim == 2 else m
+dense_logp = scipy.stats.multivariate_normal(np.zeros(cov.shape[0]), cov).logpdf(v)
+print(json.dumps({
+    "cholesky": largest(Cholesky),
+    "solve or product": largest(Solve | SolveTriangular | Dot),
+    "logp": [float(logp), float(dense_logp)],
+    "gradient error": max(
+        float(np.max(np.abs(symmetric(got) - w)) / np.max(np.abs(w)))
+        for got, w in zip([d_a, d_b, d_x], want)
+    ),
+}))
+"""
+
+
+@pytest.mark.parametrize("order", ["before", "after"])
+def test_kronecker_mvnormal_is_factored_whether_built_before_or_after_import(order):
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(KRONECKER), order],
+        capture_output=True,
+        text=True,
+        env=_environment(),
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    # factors of 6 x 6 and 5 x 5: no Cholesky of A ⊗ B (30 x 30), and no solve or product with
+    # 30 columns (the dense Cholesky's pullback, even through the factors, has 5 * 30 or 6 * 30)
+    assert found["cholesky"] <= 6 and found["solve or product"] <= 6, found
+    logp, dense_logp = found["logp"]
+    assert logp == pytest.approx(dense_logp, rel=1e-10)
+    # a gradient with respect to a symmetric matrix is meaningful in symmetric directions only
+    assert found["gradient error"] < 1e-10

@@ -52,6 +52,11 @@ log density is passed through it as PyMC builds it: importing pymc_optim wraps P
 inside or outside a model, ``model.logp()``, ``compile_logp``, ``compile_dlogp``,
 ``logp_dlogp_function`` and ``pm.sample`` all differentiate the factored density (measured in
 ``benchmarks/bench_user_graphs.py``: 900 dimensions, value and gradient, ≥ 20× faster).
+A density differentiated densely anyway — ``pm.logp`` of a Kronecker MvNormal built before
+``import pymc_optim``, or after ``disable_rewrites`` and compiled with them back on — is caught
+at compile time by :func:`kronecker_cholesky_pullback`: the gradient of cholesky(A ⊗ B) with
+respect to A and B goes through the factors' Choleskys (no O(N³) step and no solve with N
+columns; the (N, N) cotangent of the Cholesky factor, O(N²), remains).
 
 What importing pymc_optim changes for every graph of the process
 ----------------------------------------------------------------
@@ -109,11 +114,12 @@ from collections.abc import Sequence
 import numpy as np
 import pytensor.tensor as pt
 from pytensor.compile import optdb
+from pytensor.compile.builders import OpFromGraph
 from pytensor.configdefaults import config
-from pytensor.graph.basic import Variable
+from pytensor.graph.basic import Variable, equal_computations
 from pytensor.graph.fg import FunctionGraph
 from pytensor.graph.replace import graph_replace, vectorize_graph
-from pytensor.graph.rewriting.basic import EquilibriumGraphRewriter, node_rewriter
+from pytensor.graph.rewriting.basic import EquilibriumGraphRewriter, dfs_rewriter, node_rewriter
 from pytensor.graph.traversal import apply_ancestors
 from pytensor.scalar.basic import Abs, Log, Mul, Sign
 from pytensor.tensor.basic import ExtractDiag
@@ -850,6 +856,68 @@ def structured_diagonal(fgraph, node):
     return None
 
 
+@node_rewriter([OpFromGraph])
+def kronecker_cholesky_pullback(fgraph, node):
+    """The gradient of cholesky(A ⊗ B) with respect to A and B through the factors.
+
+    ``pt.grad`` of a density written with L = cholesky(A ⊗ B) — PyMC's MvNormal log density
+    built before ``import pymc_optim`` — pulls the cotangent L̄ back through the dense Cholesky
+    (O(N³)) to an (N, N) cotangent of A ⊗ B, then through ``kron`` to Ā and B̄. Since
+    cholesky(A ⊗ B) = cholesky(A) ⊗ cholesky(B) for symmetric A and B, the same Ā and B̄ (in
+    symmetric directions, as for the structured rewrites above) are L̄ pulled back through
+    ``kron`` of the factors' Cholesky factors and then through the two small Choleskys. The
+    dense pullback is recognised by rebuilding PyTensor's own (``L_op``) from L and each
+    candidate L̄ and comparing graphs, so the rewrite runs before any other rewrite changes
+    them."""
+    if not enabled():
+        return None
+    *_, kron_out, cotangent = node.inputs if len(node.inputs) == 4 else (None, None)
+    if kron_out is None or kron_out.owner is None:
+        return None
+    kron_node = kron_out.owner
+    if not isinstance(kron_node.op, KroneckerProduct) or len(kron_node.inputs) != 2:
+        return None
+    a, b = kron_node.inputs
+    if a.ndim != 2 or b.ndim != 2 or list(node.inputs[:2]) != [a, b]:
+        return None
+    if kron_node.op.L_op([a, b], [kron_out], [cotangent])[0].owner.op != node.op:
+        return None  # not kron's pullback
+    dz = _cholesky_cotangent(fgraph, kron_out, cotangent)
+    if dz is None:
+        return None
+    factors = [pt.linalg.cholesky(f) for f in (a, b)]
+    kron_of_factors = pt.linalg.kron(*factors)
+    factor_cotangents = kron_of_factors.owner.op.L_op(factors, [kron_of_factors], [dz])
+    grads = [
+        f.owner.op.L_op([m], [f], [g])[0]
+        for m, f, g in zip((a, b), factors, factor_cotangents, strict=True)
+    ]
+    return [_like(old, new) for old, new in zip(node.outputs, grads, strict=True)]
+
+
+def _cholesky_cotangent(fgraph, x, cotangent):
+    """L̄ if `cotangent` is PyTensor's pullback of L̄ through L = cholesky(x) (lower), else
+    None. Each product Lᵀ M in the graph proposes its M (the pullback's first step is Lᵀ L̄)."""
+    for chol_node, _ in fgraph.clients[x]:
+        op = _core_op(chol_node.op)
+        if not isinstance(op, Cholesky) or not op.lower:
+            continue
+        [L] = chol_node.outputs
+        for transpose, _ in fgraph.clients[L]:
+            if not (isinstance(transpose.op, DimShuffle) and transpose.op.is_matrix_transpose):
+                continue
+            for product, position in fgraph.clients[transpose.outputs[0]]:
+                if position != 0 or len(product.inputs) != 2:
+                    continue
+                candidate = product.inputs[1]
+                if candidate.type.ndim != 2:
+                    continue
+                rebuilt = chol_node.op.L_op(chol_node.inputs, chol_node.outputs, [candidate])[0]
+                if equal_computations([rebuilt], [cotangent]):
+                    return candidate
+    return None
+
+
 _REWRITERS = (
     structured_diagonal,
     structured_cholesky,
@@ -872,6 +940,15 @@ def _register():
     # Before canonicalize: log(det(A ⊗ B)) must be taken before PyTensor turns det(A ⊗ B) into
     # det(A)^m det(B)^n, and Σ log diag(cholesky(A ⊗ B)) before diag(A ⊗ B) becomes an outer.
     optdb.register(f"{TAG}_early", _equilibrium(), "fast_run", TAG, position=0.95)
+    # Right after the first merge: the dense Cholesky pullback is recognised as PyTensor wrote
+    # it, before "useless" (0.6) or our early pass change it.
+    optdb.register(
+        f"{TAG}_cholesky_pullback",
+        dfs_rewriter(kronecker_cholesky_pullback, ignore_newtrees=True),
+        "fast_run",
+        TAG,
+        position=0.05,
+    )
     for phase in ("canonicalize", "stabilize", "specialize"):
         for rewriter in _REWRITERS:
             optdb[phase].register(f"{TAG}_{rewriter.__name__}", rewriter, "fast_run", TAG)
