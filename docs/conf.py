@@ -27,20 +27,22 @@ exclude_patterns = ["_build", "examples/data/**", "**/.ipynb_checkpoints", "jupy
 source_suffix = {".rst": "restructuredtext", ".md": "myst-nb", ".ipynb": "myst-nb"}
 
 # ---- API reference: one page per public name, from the public namespace itself -------------
-# api.md is generated from pymc_optim.__all__ (and pymc_optim.datasets.__all__) on every build,
-# so a new public name gets its page and a module moved inside the package changes nothing here.
+# api.md is generated from pymc_optim.__all__ (and the __all__ of pymc_optim.distributions and
+# pymc_optim.datasets) on every build, so a new public name gets its page and a module moved
+# inside the package changes nothing here.
 
 
 def _write_api_page() -> None:
-    from pymc_optim import datasets
+    from pymc_optim import datasets, distributions
 
     def block(names):
         return "\n".join(f"   {name}" for name in names)
 
     text = f"""# API reference
 
-Every public name of `pymc_optim` (its `__all__`), then the data sets. The pages are generated
-from the docstrings; each function's Examples section runs as a doctest in CI.
+Every public name of `pymc_optim` (its `__all__`), then the distributions and the data sets.
+The pages are generated from the docstrings; each function's Examples section runs as a doctest
+in CI.
 
 ```{{eval-rst}}
 .. currentmodule:: pymc_optim
@@ -50,6 +52,21 @@ from the docstrings; each function's Examples section runs as a doctest in CI.
    :nosignatures:
 
 {block(sorted(pymc_optim.__all__, key=str.lower))}
+```
+
+## Distributions
+
+Gaussian Markov random field priors for latent fields, and the BYM2 scaling factor
+({{doc}}`user_guide/gmrf`).
+
+```{{eval-rst}}
+.. currentmodule:: pymc_optim.distributions
+
+.. autosummary::
+   :toctree: generated
+   :nosignatures:
+
+{block(sorted(distributions.__all__, key=str.lower))}
 ```
 
 ## Data sets
@@ -69,6 +86,7 @@ from the docstrings; each function's Examples section runs as a doctest in CI.
         path.write_text(text)
     # a page generated for a name that is no longer public would be an orphan (a -W error)
     names = {f"pymc_optim.{n}" for n in pymc_optim.__all__}
+    names |= {f"pymc_optim.distributions.{n}" for n in distributions.__all__}
     names |= {f"pymc_optim.datasets.{n}" for n in datasets.__all__}
     for stale in (DOCS / "generated").glob("*.rst"):
         if stale.stem not in names:
