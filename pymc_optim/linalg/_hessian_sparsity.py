@@ -171,6 +171,10 @@ class _Reader:
             return
         left_counts = np.diff(left.indptr).astype(np.int64)
         right_counts = np.diff(right.indptr).astype(np.int64)
+        # one entry's a × b pairs are distinct: the product alone holds at least the largest,
+        # so give up before forming it (a rank-one term's d² pairs: 2.6 GB at d = 10⁴)
+        if int((left_counts * right_counts).max()) > 2 * self.max_nnz + 2 * self.n:
+            raise _GiveUp("too dense")
         self.bound += 2 * int(left_counts @ right_counts)
         if self.bound > 2 * self.max_nnz + 2 * self.n:
             self.condense()
