@@ -48,6 +48,7 @@ from pymc_optim.model.laplace_structure import (
     AUTO_STRUCTURE_MAX_SIZE,  # noqa: F401  (imported from here)
     check_kriged_structure,
     choose_hessian_structure,
+    graph_width,
     kriged_structure,
     refuse_what_will_not_fit,
 )
@@ -242,7 +243,7 @@ def marginalize_laplace(
     constraint = density.constraint
     if kriged:
         structure = kriged_structure(requested, -joint, z, x0.size)
-        refuse_what_will_not_fit(structure, x0.size)
+        refuse_what_will_not_fit(structure, x0.size, width=graph_width(joint, [z], x0.size))
         z_star, success = constrained_mode(
             -joint,
             z,

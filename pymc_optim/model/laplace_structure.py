@@ -10,6 +10,7 @@ import pytensor
 import pytensor.tensor as pt
 from pytensor.gradient import grad
 from pytensor.graph.replace import graph_replace, vectorize_graph
+from pytensor.graph.traversal import io_toposort
 
 from pymc_optim._memory import available_memory
 from pymc_optim._modes import PYTHON_MODE
@@ -28,16 +29,30 @@ __all__ = [
     "detect_hessian_structure",
     "kriged_structure",
     "latent_size",
+    "dense_memory_estimate",
+    "graph_width",
     "refuse_what_will_not_fit",
 ]
 
 #: Largest latent size whose numerical Hessian pattern "auto" computes (see
 #: :mod:`pymc_optim.linalg.detect`). Larger latents get the structural reading only.
 AUTO_STRUCTURE_MAX_SIZE = detect.NUMERIC_MAX_SIZE
-#: (d, d) float64 matrices a dense or latent-Gaussian marginal holds at its peak while compiled
-#: and evaluated (logp and gradient): 12–16 measured for a GP and a pm.ICAR latent of 1,500 and
-#: 3,000 values (peak resident memory less the model's, over 8 d² bytes).
-_DENSE_COPIES = 16
+#: (d, d) float64 matrices a dense marginal holds at its peak (built, compiled as pm.sample
+#: compiles it, one logp and gradient), per unit of the log density's width w (its widest
+#: latent-dependent intermediate over d: E/d for pairwise differences on E edges), by the
+#: backend that compiles it. Measured (benchmarks/bench_memory.py, its README table): a
+#: CustomDist ICAR with a soft sum-to-zero penalty on grids of d = 400 … 2,500 (w ≈ 1.95) grows
+#: as 31.9 d-matrices + 0.38 GB under numba and 39.3 + 0.05 GB under C, linear in 8 d² from
+#: 900 to 2,500. PyTensor's constant folding turns the vectorized reverse pass that builds H
+#: into dense (d, E) and (d, d) constants, ~28 matrices the compiled function keeps; the call
+#: adds H, its Cholesky factor and the log det's gradient (~13). JAX, unmeasured, gets C's.
+_DENSE_COPIES = {"numba": 17, "c": 21}
+#: Bytes a dense marginal needs whatever d: numba's compilation of the Newton loop (0.38 GB
+#: measured), C's compiled modules (0.05 GB).
+_DENSE_BASE = {"numba": 400 * 2**20, "c": 64 * 2**20}
+#: (d, d) matrices of a latent-Gaussian marginal (H = Q + diag(w), no vectorized reverse pass
+#: over the prior): 12–16 measured for a GP and a pm.ICAR latent of 1,500 and 3,000 values.
+_LATENT_GAUSSIAN_COPIES = 16
 #: The numerical Hessian pattern shows a progress bar from this many compiled calls on (latents
 #: of more than 4 · PROBE_CHUNK = 512 elements): below, it takes about a second.
 _PROBE_PROGRESS_CALLS = 10
@@ -75,14 +90,23 @@ def choose_hessian_structure(
                 structure = detected
         if structure is None:
             structure = latent_gaussian_structure(model, latent_rvs)
+    d = latent_size(model, latent_rvs, initial_point)
+    width = None
     if structure is None:
+        if detected is None and requested == "auto" and d >= detect.SPARSE_MIN_SIZE:
+            # the graph proves no compact layout: before the numerical pattern (two (d, d)
+            # boolean arrays and the index pairs, 3.4 GB at d = 10⁴), the dense estimate
+            width = latent_width(model, latent_rvs, d)
+            refuse_what_will_not_fit(LinearStructure("dense"), d, width=width)
         structure = detected or detect_hessian_structure(
             model, latent_rvs, initial_point, requested
         )
         if requested == "auto" and method == "newton" and structure.kind == "dense":
             # a Normal latent behind a linear predictor (HSGP's coefficients): Q + Bᵀ W B
             structure = latent_gaussian_structure(model, latent_rvs, normal=True) or structure
-    refuse_what_will_not_fit(structure, latent_size(model, latent_rvs, initial_point))
+    if structure.kind == "dense" and width is None:
+        width = latent_width(model, latent_rvs, d)
+    refuse_what_will_not_fit(structure, d, width=width or 1.0)
     return structure
 
 
@@ -181,26 +205,82 @@ def latent_size(model: pm.Model, latent_rvs, start: dict) -> int:
     return sum(int(np.size(start[model.rvs_to_values[rv].name])) for rv in latent_rvs)
 
 
-def refuse_what_will_not_fit(structure: LinearStructure, d: int) -> None:
+def latent_width(model: pm.Model, latent_rvs, d: int) -> float:
+    """:func:`graph_width` of the model's log density in the latents' value variables."""
+    values = [model.rvs_to_values[rv] for rv in latent_rvs]
+    return graph_width(model.logp(jacobian=True), values, d)
+
+
+def graph_width(output, inputs, d: int) -> float:
+    """The widest variable of `output`'s graph that depends on `inputs`, in units of `d` (at
+    least 1): the (d, ·) arrays of H's vectorized reverse pass are that wide. Static shapes
+    only; a variable of unknown size counts as d."""
+    depends = set(inputs)
+    widest = d
+    for node in io_toposort(list(inputs), [output]):
+        if not any(i in depends for i in node.inputs):
+            continue
+        for out in node.outputs:
+            depends.add(out)
+            shape = getattr(out.type, "shape", None)
+            if shape is not None and None not in shape:
+                widest = max(widest, int(np.prod(shape, dtype=np.int64)))
+    return widest / max(d, 1)
+
+
+def compiling_backend() -> str:
+    """The backend PyTensor's default mode compiles with: "numba", "jax" or "c"."""
+    from pytensor.compile.mode import get_default_mode
+
+    linker = type(get_default_mode().linker).__name__
+    return "numba" if linker == "NumbaLinker" else "jax" if linker == "JAXLinker" else "c"
+
+
+def dense_memory_estimate(
+    structure: LinearStructure, d: int, *, width: float = 1.0, backend: str | None = None
+) -> int:
+    """Bytes a marginal with H of this layout needs at its peak (built, compiled, one logp and
+    gradient), over what the process holds before: ``_DENSE_COPIES`` (per backend) · w · 8 d²
+    + ``_DENSE_BASE`` for a dense H, ``_LATENT_GAUSSIAN_COPIES`` · 8 d² for a latent-Gaussian
+    one, 0 for the layouts that grow linearly in d."""
+    if structure.kind == "latent_gaussian":
+        return _LATENT_GAUSSIAN_COPIES * 8 * d * d
+    if structure.kind != "dense":
+        return 0
+    backend = backend or compiling_backend()
+    key = "numba" if backend == "numba" else "c"
+    base = 0 if backend == "none" else _DENSE_BASE[key]  # "none": the (d, d) matrices alone
+    return int(_DENSE_COPIES[key] * max(width, 1.0) * 8 * d * d) + base
+
+
+def refuse_what_will_not_fit(structure: LinearStructure, d: int, *, width: float = 1.0) -> None:
     """A MemoryError, before anything is allocated, when the marginal's (d, d) matrices would
     not fit in the memory this process has left (a dense or latent-Gaussian H; a sparse,
-    diagonal or block-diagonal one grows linearly in d)."""
-    if structure.kind not in ("dense", "latent_gaussian"):
+    diagonal or block-diagonal one grows linearly in d). `width`: :func:`graph_width` of the
+    log density in the latent (a dense H's vectorized reverse pass holds (d, w·d) arrays)."""
+    need = dense_memory_estimate(structure, d, width=width)
+    if need == 0:
         return
-    need = _DENSE_COPIES * 8 * d * d
     available = available_memory()
     if available is None or need <= available:
         return
     gib = 2.0**30
+    matrices = dense_memory_estimate(structure, d, width=width, backend="none") / (8.0 * d * d)
+    backend = compiling_backend()
     raise MemoryError(
         f"`marginalize_laplace`: the latent has {d:,} values and its Hessian is dense "
-        f"({structure.kind!r} structure). Compiling and evaluating the marginal holds about "
-        f"{_DENSE_COPIES} float64 matrices of {d:,} × {d:,} at once ({need / gib:.1f} GiB), "
-        f"more than the {available / gib:.1f} GiB of memory available to this process, so "
-        "nothing was built. For a Gaussian Markov random field (ICAR, BYM2, random walks, a "
-        "sparse precision) write the latent with `pymc_optim.distributions` (ICAR, GMRF, RW; "
-        "extra `sparse`) and pass `hessian_structure='sparse'`; otherwise marginalize fewer "
-        "values, or run where more memory is free (each sampling process needs its own)."
+        f"({structure.kind!r} structure). Building, compiling ({backend} backend) and "
+        f"evaluating the marginal holds about {matrices:.0f} float64 matrices of {d:,} × {d:,} "
+        f"at once ({need / gib:.1f} GiB), more than the {available / gib:.1f} GiB of memory "
+        "available to this process, so nothing was built. What fits is a sparse Hessian "
+        "(memory linear in d): write the field with `pymc_optim.distributions` (ICAR with "
+        "`constraint='sum_to_zero'` or `'corner'`, GMRF, RW; extra `sparse`) and pass "
+        "`hessian_structure='sparse'`. A soft sum-to-zero penalty (pm.ICAR, "
+        "`ICAR(constraint='soft')`, or `-0.5 * (x.sum() / (eps * N))**2` written by hand) adds "
+        "a rank-one term that makes H dense, and sparse-plus-low-rank Hessians are not yet "
+        "supported: replace it by ICAR's exact `constraint='sum_to_zero'`. Otherwise "
+        "marginalize fewer values, or run where more memory is free (each sampling process "
+        "needs its own)."
     )
 
 
