@@ -19,12 +19,14 @@ import pytest
 from conftest import ROOT, SITE_GROUP
 
 import pymc_optim
-from pymc_optim import datasets
+from pymc_optim import datasets, distributions
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-PUBLIC_NAMES = [f"pymc_optim.{name}" for name in pymc_optim.__all__] + [
-    f"pymc_optim.datasets.{name}" for name in datasets.__all__
-]
+PUBLIC_NAMES = (
+    [f"pymc_optim.{name}" for name in pymc_optim.__all__]
+    + [f"pymc_optim.datasets.{name}" for name in datasets.__all__]
+    + [f"pymc_optim.distributions.{name}" for name in distributions.__all__]
+)
 
 # Every test that reads the built site is marked slow (the build executes the notebooks) and
 # SITE_GROUP (one xdist worker builds it once).
