@@ -33,8 +33,6 @@ def install(put: Callable[[], None], take: Callable[[], None]) -> None:
         put()
 
 
-# disable_rewrites and enable_rewrites are two public switches, each with its example (the docs
-# test asks every public function for one); a duplicate-code scan pairs their shape.
 def disable_rewrites() -> None:
     """Undo, for the rest of the process, every change ``import pymc_optim`` made to PyTensor
     and PyMC.
