@@ -49,7 +49,7 @@ class FixedPointOp(SolverOp):
         loop = (
             _iterations.anderson if self.method == "anderson" else _iterations.fixed_point_iteration
         )
-        z, success, n_iterations, n_evaluations = loop(
+        z, success, n_iterations, n_evaluations, status = loop(
             update, packer.pack(x0s), tol=self.tol, max_iter=self.max_iter
         )
-        return packer.unpack(z), success, n_iterations, n_evaluations
+        return packer.unpack(z), success, n_iterations, n_evaluations, status

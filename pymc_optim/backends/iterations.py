@@ -7,9 +7,10 @@ compare their iterates and counters with this module's.
 
 These loops call compiled inner graphs (no scipy); the JAX backend runs the same loops with
 ``jax.lax.while_loop`` (:mod:`pymc_optim.backends.jax`). Each returns
-``(z, success, n_iterations, n_evaluations)`` on the flat vector z and never raises: a singular
-system, a NaN or a line search that cannot descend ends the loop with ``success=False`` and the
-last finite iterate.
+``(z, success, n_iterations, n_evaluations, status)`` on the flat vector z: a singular system,
+a NaN or a line search that cannot descend ends the loop with ``success=False``, the last finite
+iterate and the reason as a `SolverStatus` code. They raise only `ProblemUndefined`, where F or
+T(z) has not z's size (sizes known only at run time), and pass on what the inner functions raise.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+from pymc_optim.graph.solver_op import ProblemUndefined
+from pymc_optim.graph.status import SolverStatus
 
 __all__ = [
     "ANDERSON_MEMORY",
@@ -26,6 +30,7 @@ __all__ = [
     "ROUNDING",
     "STEP_TOL",
     "anderson",
+    "check_size",
     "fixed_point_iteration",
     "newton",
     "reachable_tolerance",
@@ -107,7 +112,8 @@ def _newton(system, merit, z0, *, rows=None, **options):
     one problem ``chord`` and ``final_step``; `_newton_one` and `_newton_batch` take them by
     name, so a missing or misspelled one is a TypeError there.
 
-    Returns ``(z, success, n_iterations, n_evaluations)``, the last three of shape (B,).
+    Returns ``(z, success, n_iterations, n_evaluations, status)``, the last four of shape (B,),
+    `status` the `SolverStatus` code of why each problem stopped.
     """
     z = np.array(z0, dtype="float64")
     if rows is None or rows.shape[0] == 1:
@@ -149,25 +155,30 @@ def _newton_batch(system, merit, z, rows, *, structure, minimization, tol, max_i
         return finite(m, F) & per_problem(structure.finite_numpy(A), owner, n_problems)
 
     m, F, A = system(z)
+    check_size(F, z, "the equations")
     n_evaluations = np.ones(n_problems, dtype=np.int64)
     n_iterations = np.full(n_problems, max_iter, dtype=np.int64)
+    status = np.full(n_problems, SolverStatus.MAX_ITER, dtype=np.int64)
     running = np.ones(n_problems, dtype=bool)
     success = np.zeros(n_problems, dtype=bool)
     everything = np.ones(n_problems, dtype=bool)
 
-    def stop(which, ok, iteration, A_now=None):
+    def stop(which, ok, iteration, A_now=None, reason=SolverStatus.CONVERGED):
         """End the problems in `which`, successful where `ok` (and, for minimization, where
-        A is positive definite)."""
+        A is positive definite); `reason` is the status where `ok` is False."""
+        curved = ok
         if minimization and (which & ok).any():
-            ok = ok & positive_definite(structure, A_now, owner, n_problems)
-        success[which] = ok[which]
+            curved = ok & positive_definite(structure, A_now, owner, n_problems)
+        code = np.where(ok, SolverStatus.NOT_POSITIVE_DEFINITE, reason)
+        status[which] = np.where(curved, SolverStatus.CONVERGED, code)[which]
+        success[which] = curved[which]
         n_iterations[which] = iteration
         running[which] = False
 
     for iteration in range(max_iter + 1):
         ok = finite(m, F)
         if not ok.all():
-            stop(running & ~ok, ok, iteration)
+            stop(running & ~ok, ok, iteration, reason=SolverStatus.NONFINITE)
         d = -solve(structure, A, F)
         converged = running & (max_abs(F) <= tol)
         if converged.any():
@@ -186,7 +197,12 @@ def _newton_batch(system, merit, z, rows, *, structure, minimization, tol, max_i
         else:
             is_newton_step = np.isfinite(view(d)).all(axis=1)
             if not is_newton_step.all():
-                stop(running & ~is_newton_step, is_newton_step, iteration)
+                stop(
+                    running & ~is_newton_step,
+                    is_newton_step,
+                    iteration,
+                    reason=SolverStatus.SINGULAR,
+                )
             slope = -2.0 * m
         tiny = running & is_newton_step & tiny_step(max_abs(d), max_abs(z))
         if tiny.any():
@@ -237,14 +253,14 @@ def _newton_batch(system, merit, z, rows, *, structure, minimization, tol, max_i
                 settled = True
                 break
         if not settled:
-            stop(searching, ~everything, iteration)
+            stop(searching, ~everything, iteration, reason=SolverStatus.LINE_SEARCH_FAILED)
             z_new = np.where(expand(running), z + expand(t) * d, z)
             m_new, F_new, A_new = system(z_new)
             n_evaluations += fresh & running
             # (the system at the point of a search ended early is checked at the next
             # iteration's start, which fails it there)
         z, m, F, A = z_new, m_new, F_new, A_new
-    return z, success, n_iterations, n_evaluations
+    return z, success, n_iterations, n_evaluations, status
 
 
 def _newton_one(
@@ -260,6 +276,7 @@ def _newton_one(
     lets the test pass; the decisions and the arithmetic are those of `_newton`'s.
     """
     m, F, A = system(z)
+    check_size(F, z, "the equations")
     m = float(m[0])
     F_max = float(np.abs(F).max(initial=0.0))
     n_evaluations = 1
@@ -271,14 +288,23 @@ def _newton_one(
     # an upper bound on max|z| (None: not known), with slack for the rounding of the steps
     z_bound = None
 
-    def result(success, iteration, A_now=None):
+    def result(success, iteration, A_now=None, reason=SolverStatus.CONVERGED):
+        """The loop's outputs; `reason` is the status of a failure other than the curvature."""
         if success and minimization:
             success = positive_definite_one(structure, A_now)
-        return z, np.array([success]), np.array([iteration]), np.array([n_evaluations])
+            reason = SolverStatus.NOT_POSITIVE_DEFINITE
+        code = SolverStatus.CONVERGED if success else reason
+        return (
+            z,
+            np.array([success]),
+            np.array([iteration]),
+            np.array([n_evaluations]),
+            np.array([code], dtype=np.int64),
+        )
 
     for iteration in range(max_iter + 1):
         if not (math.isfinite(m) and math.isfinite(F_max)):
-            return result(False, iteration)
+            return result(False, iteration, reason=SolverStatus.NONFINITE)
         if F_max <= tol and not final_step:  # (the caller takes the step: no solve here)
             return result(True, iteration, A)
         d = -solve(structure, A, F)
@@ -286,7 +312,14 @@ def _newton_one(
             converged = not minimization or positive_definite_one(structure, A)
             if converged and np.isfinite(d).all():
                 z = z + d  # the final Newton step: no evaluation, the error squared
-            return z, np.array([converged]), np.array([iteration]), np.array([n_evaluations])
+            code = SolverStatus.CONVERGED if converged else SolverStatus.NOT_POSITIVE_DEFINITE
+            return (
+                z,
+                np.array([converged]),
+                np.array([iteration]),
+                np.array([n_evaluations]),
+                np.array([code], dtype=np.int64),
+            )
         if iteration == max_iter:
             break
         if minimization:
@@ -297,7 +330,7 @@ def _newton_one(
         else:
             is_newton_step = bool(np.isfinite(d).all())
             if not is_newton_step:
-                return result(False, iteration)
+                return result(False, iteration, reason=SolverStatus.SINGULAR)
             slope = -2.0 * m
         d_max = float(np.abs(d).max(initial=0.0))
         if is_newton_step and (z_bound is None or tiny_step(d_max, z_bound)):
@@ -346,11 +379,11 @@ def _newton_one(
             ):
                 break
         else:
-            return result(False, iteration)
+            return result(False, iteration, reason=SolverStatus.LINE_SEARCH_FAILED)
         z, m, F, A, F_max = z_trial, m_trial, F_trial, A_trial, F_max_trial
         if z_bound is not None:
             z_bound = (z_bound + t * d_max) * (1.0 + 1e-12)
-    return result(False, max_iter)
+    return result(False, max_iter, reason=SolverStatus.MAX_ITER)
 
 
 def _chord_steps(system, z, m, F, A, F_max, structure, reference, *, minimization, tol):
@@ -385,6 +418,14 @@ def _chord_steps(system, z, m, F, A, F_max, structure, reference, *, minimizatio
             break
         z, m, F, A, F_max = z_new, m_new, F_new, A_new, F_max_new
     return z, m, F, A, F_max, n_evaluations
+
+
+def check_size(values, z, what: str) -> None:
+    """Raise `ProblemUndefined` unless `values` (F, or T(z)) has as many elements as z."""
+    if np.size(values) != z.size:
+        raise ProblemUndefined(
+            f"{what} have {np.size(values)} elements at these parameters, for {z.size} unknowns"
+        )
 
 
 def solve(structure, A, F):
@@ -449,14 +490,15 @@ def fixed_point_iteration(update, z0, *, tol: float, max_iter: int):
     z = np.array(z0, dtype="float64")
     for iteration in range(1, max_iter + 1):
         z_new = update(z)
+        check_size(z_new, z, "the update's values")
         if not np.all(np.isfinite(z_new)):
-            return z, False, iteration, iteration
+            return z, False, iteration, iteration, SolverStatus.NONFINITE
         with np.errstate(over="ignore"):  # a diverging iteration: inf > tol, then non-finite
             step = np.max(np.abs(z_new - z), initial=0.0)
         if step <= tol:
-            return z_new, True, iteration, iteration
+            return z_new, True, iteration, iteration, SolverStatus.CONVERGED
         z = z_new
-    return z, False, max_iter, max_iter
+    return z, False, max_iter, max_iter, SolverStatus.MAX_ITER
 
 
 def anderson(update, z0, *, tol: float, max_iter: int, memory: int = ANDERSON_MEMORY):
@@ -466,13 +508,15 @@ def anderson(update, z0, *, tol: float, max_iter: int, memory: int = ANDERSON_ME
     z + g − (ΔZ + ΔG) γ where γ minimizes ‖g − ΔG γ‖ (least squares).
     """
     z = np.array(z0, dtype="float64")
-    g = update(z) - z
+    g = update(z)
+    check_size(g, z, "the update's values")
+    g = g - z
     dz_hist, dg_hist = [], []
     for iteration in range(1, max_iter + 1):
         if not np.all(np.isfinite(g)):
-            return z, False, iteration, iteration
+            return z, False, iteration, iteration, SolverStatus.NONFINITE
         if np.max(np.abs(g), initial=0.0) <= tol:
-            return z + g, True, iteration, iteration
+            return z + g, True, iteration, iteration, SolverStatus.CONVERGED
         if dg_hist:
             dG, dZ = np.stack(dg_hist, axis=1), np.stack(dz_hist, axis=1)
             gamma = np.linalg.lstsq(dG, g, rcond=None)[0]
@@ -486,7 +530,7 @@ def anderson(update, z0, *, tol: float, max_iter: int, memory: int = ANDERSON_ME
             dz_hist.pop(0)
             dg_hist.pop(0)
         z, g = z_new, g_new
-    return z, False, max_iter, max_iter
+    return z, False, max_iter, max_iter, SolverStatus.MAX_ITER
 
 
 def reachable_tolerance(tol: float, dtypes) -> float:

@@ -27,6 +27,7 @@ from pymc_optim.backends.newton import NewtonOp, problem_rows
 from pymc_optim.backends.packing import Packer
 from pymc_optim.graph.failure_ops import FAILED_EVALUATIONS, CountFailures, WarnOnFailure
 from pymc_optim.graph.solver_op import SolverOp, inner_mode
+from pymc_optim.graph.status import SolverStatus
 from pymc_optim.implicit import implicit_pullback
 
 __all__: list[str] = []
@@ -182,35 +183,40 @@ def _newton_jax(op: NewtonOp, node=None, **kwargs):
         def finite_system(m, F, A):
             return finite(m, F) & _per_problem(finite_fn, A, owner, n_problems)
 
-        def stop(state, which, ok, iteration, A):
+        def stop(state, which, ok, iteration, A, reason=SolverStatus.CONVERGED):
             """End the problems in `which`, successful where `ok` (minimization: and where A
-            is positive definite, factorized only when some problem needs it)."""
-            running, success, n_iterations = state
+            is positive definite, factorized only when some problem needs it); `reason` is
+            the status where `ok` is False."""
+            running, success, n_iterations, status = state
+            curved = ok
             if minimization:
-                ok = ok & jax.lax.cond(
+                curved = ok & jax.lax.cond(
                     jnp.any(which & ok),
                     lambda: _per_problem(positive_definite_fn, A, owner, n_problems),
                     lambda: jnp.ones(n_problems, bool),
                 )
+            code = jnp.where(ok, int(SolverStatus.NOT_POSITIVE_DEFINITE), int(reason))
+            code = jnp.where(curved, int(SolverStatus.CONVERGED), code)
             return (
                 running & ~which,
-                jnp.where(which, ok, success),
+                jnp.where(which, curved, success),
                 jnp.where(which, iteration, n_iterations),
+                jnp.where(which, code, status),
             )
 
         def checks(flags, z, m, F, A, iteration):
             """What the numpy loop tests at the top of each iteration, with its final Newton
             step for the problems stopped by max|F| ≤ tol; returns the flags, z and the step."""
             ok = finite(m, F)
-            flags = stop(flags, flags[0] & ~ok, ok, iteration, A)
+            flags = stop(flags, flags[0] & ~ok, ok, iteration, A, SolverStatus.NONFINITE)
             d = -structure.solve_array(A, F, jnp)
             converged = flags[0] & (max_abs(F) <= tol)
             flags = stop(flags, converged, ok, iteration, A)
-            running, success, n_iterations = flags
+            running, success, n_iterations, status = flags
             # the final Newton step: no evaluation, the error squared
             final = converged & success & jnp.all(jnp.isfinite(d[rows]), axis=1)
             z = jnp.where(final[owner], z + d, z)
-            return (running & (iteration < max_iter), success, n_iterations), z, d
+            return (running & (iteration < max_iter), success, n_iterations, status), z, d
 
         def body(state):
             it, z, m, F, A, d, nfev, flags = state
@@ -222,7 +228,8 @@ def _newton_jax(op: NewtonOp, node=None, **kwargs):
                 slope = jnp.where(is_newton_step, slope, -dot(F, F))
             else:
                 is_newton_step = jnp.all(jnp.isfinite(d[rows]), axis=1)
-                flags = stop(flags, running & ~is_newton_step, is_newton_step, it, A)
+                singular = running & ~is_newton_step
+                flags = stop(flags, singular, is_newton_step, it, A, SolverStatus.SINGULAR)
                 slope = -2.0 * m
             # the same rule as _iterations.tiny_step
             tiny = max_abs(d) <= STEP_TOL * (1.0 + max_abs(z))
@@ -277,7 +284,8 @@ def _newton_jax(op: NewtonOp, node=None, **kwargs):
             ls = (0, t0, jnp.ones(n_problems), backtrack, fresh, nfev, (m_full, F_full, A_full))
             _, t, _, searching, fresh, nfev, system_new = jax.lax.while_loop(ls_cond, ls_body, ls)
             settled = ~jnp.any(searching)
-            flags = stop(flags, searching, jnp.zeros(n_problems, bool), it, A)
+            failed = jnp.zeros(n_problems, bool)
+            flags = stop(flags, searching, failed, it, A, SolverStatus.LINE_SEARCH_FAILED)
             stepped = flags[0] | accepted  # still running: accepted or backtracked
             z_new = jnp.where(stepped[owner], z + t[owner] * d, z)
             z_new = jnp.where(jnp.any(backtrack), z_new, jnp.where(accepted[owner], z_full, z))
@@ -295,18 +303,25 @@ def _newton_jax(op: NewtonOp, node=None, **kwargs):
         z0 = flat.pack(x0s, jnp)
         m0, F0, A0 = system(z0)
         none = jnp.zeros(n_problems, bool)
-        flags = (~none, none, jnp.full(n_problems, max_iter, jnp.int64))
+        flags = (
+            ~none,
+            none,
+            jnp.full(n_problems, max_iter, jnp.int64),
+            jnp.full(n_problems, int(SolverStatus.MAX_ITER), jnp.int64),
+        )
         flags, z0, d0 = checks(flags, z0, m0, F0, A0, 0)
         nfev0 = jnp.ones(n_problems, jnp.int64)
         init = (0, z0, m0, F0, A0, d0, nfev0, flags)
-        _, z, _, _, _, _, nfev, (_, success, n_iterations) = jax.lax.while_loop(
+        _, z, _, _, _, _, nfev, (_, success, n_iterations, status) = jax.lax.while_loop(
             lambda state: jnp.any(state[-1][0]), body, init
         )
+        success, status = _parameter_checks(op, params, batch_shape, success, status)
         return (
             *flat.unpack(z),
             success.reshape(batch_shape),
             n_iterations.astype(jnp.int64).reshape(batch_shape),
             nfev.astype(jnp.int64).reshape(batch_shape),
+            status.astype(jnp.int64).reshape(batch_shape),
         )
 
     return _with_implicit_vjp(op, node, newton)
@@ -341,8 +356,10 @@ def _fixed_point_jax(op: FixedPointOp, node=None, **kwargs):
 
         it, z, step = jax.lax.while_loop(cond, body, (0, flat.pack(x0s, jnp), jnp.inf))
         success = jnp.isfinite(step) & (step <= tol)
+        status = _fixed_point_status(success, jnp.isfinite(step))
+        success, status = _parameter_checks(op, params, (), success, status)
         it = jnp.asarray(it, jnp.int64)
-        return (*flat.unpack(z), success, it, it)
+        return (*flat.unpack(z), success, it, it, status)
 
     return _with_implicit_vjp(op, node, fixed_point)
 
@@ -387,9 +404,37 @@ def _anderson_jax(op: FixedPointOp, node):
         success = (it < max_iter) & finite & converged(g)
         z = jnp.where(success, z + g, z)
         count = jnp.asarray(jnp.where(it < max_iter, it + 1, max_iter), jnp.int64)
-        return (*flat.unpack(z), success, count, count)
+        status = _fixed_point_status(success, finite)
+        success, status = _parameter_checks(op, params, (), success, status)
+        return (*flat.unpack(z), success, count, count, status)
 
     return _with_implicit_vjp(op, node, anderson)
+
+
+def _fixed_point_status(success, finite):
+    """The `SolverStatus` of a fixed-point loop that ended: converged, a non-finite update,
+    or the iteration budget spent."""
+    code = jnp.where(finite, int(SolverStatus.MAX_ITER), int(SolverStatus.NONFINITE))
+    return jnp.where(success, int(SolverStatus.CONVERGED), code).astype(jnp.int64)
+
+
+def _parameter_checks(op: SolverOp, params, batch_shape: tuple, success, status):
+    """`success` and `status` failed with `SolverStatus.INVALID_PARAMETERS` where a condition
+    of `SolverOp.parameter_checks` is false (per problem, as `SolverOp.failed_checks`)."""
+    if not op.parameter_checks:
+        return success, status
+    n_problems = int(np.prod(batch_shape, dtype=np.int64))
+    failed = jnp.zeros(jnp.shape(success), bool)
+    for i in op.parameter_checks:
+        condition = jnp.asarray(params[i])
+        if batch_shape and condition.shape[: len(batch_shape)] == batch_shape:
+            failed = failed | ~jnp.all(condition.reshape(n_problems, -1), axis=1).reshape(
+                jnp.shape(success)
+            )
+        else:
+            failed = failed | ~jnp.all(condition)
+    invalid = int(SolverStatus.INVALID_PARAMETERS)
+    return success & ~failed, jnp.where(failed, invalid, status)
 
 
 def _with_implicit_vjp(op: SolverOp, node, solver):

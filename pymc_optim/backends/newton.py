@@ -21,7 +21,13 @@ from pytensor.graph.replace import graph_replace
 from pymc_optim.backends import iterations as _iterations
 from pymc_optim.backends.packing import Packer
 from pymc_optim.graph.inner_graph import InnerProblem
-from pymc_optim.graph.solver_op import INVALID_PARAMETERS, SolverOp
+from pymc_optim.graph.solver_op import (
+    INVALID_PARAMETERS,
+    NOT_INVALID_PARAMETERS,
+    ProblemUndefined,
+    SolverOp,
+    graph_call,
+)
 from pymc_optim.implicit import OptimalityCondition
 
 __all__ = [
@@ -147,7 +153,7 @@ class NewtonOp(SolverOp):
 
     def infer_shape(self, node, input_shapes):
         batch_shape = tuple(input_shapes[0][: self.batch_ndim])
-        return [*input_shapes[: self.n_controls], batch_shape, batch_shape, batch_shape]
+        return [*input_shapes[: self.n_controls], *[batch_shape] * 4]
 
     def diagnostics_shape(self, x0s) -> tuple:
         return tuple(np.shape(x0s[0])[: self.batch_ndim])
@@ -213,14 +219,14 @@ class NewtonOp(SolverOp):
         theta = _theta(params) if self.warm_start else None
         start = self.warm_start_point(z0, params, theta) if self.warm_start else None
         if start is None:
-            z, success, n_iterations, n_evaluations = run(z0)
+            z, success, n_iterations, n_evaluations, status = run(z0)
         else:
             try:
-                z, success, n_iterations, n_evaluations = run(start)
-            except INVALID_PARAMETERS:  # raised along the warm path: the cold start decides
+                z, success, n_iterations, n_evaluations, status = run(start)
+            except ProblemUndefined:  # raised along the warm path: the cold start decides
                 success = n_iterations = n_evaluations = np.zeros(1, dtype=np.int64)
             if not success.all():  # the cold start decides; the counters include both solves
-                z, success, more_iterations, more_evaluations = run(z0)
+                z, success, more_iterations, more_evaluations, status = run(z0)
                 n_iterations = n_iterations + more_iterations
                 n_evaluations = n_evaluations + more_evaluations
         if self.warm_start:
@@ -234,19 +240,25 @@ class NewtonOp(SolverOp):
             history = self._warm_starts().setdefault(threading.get_ident(), [])
             history.append((theta, np.array(z, dtype="float64", copy=True)))
             del history[:-2]
-        success, n_iterations, n_evaluations = (
-            np.asarray(v).reshape(shape) for v in (success, n_iterations, n_evaluations)
+        diagnostics = (success, n_iterations, n_evaluations, status)
+        success, n_iterations, n_evaluations, status = (
+            np.asarray(v).reshape(shape) for v in diagnostics
         )
-        return ([z] if unpack is None else unpack(z)), success, n_iterations, n_evaluations
+        x_stars = [z] if unpack is None else unpack(z)
+        return x_stars, success, n_iterations, n_evaluations, status
+
+    def guarded_functions(self, fns: dict) -> dict:
+        # `_direct_call` guards the calls itself: a wrapper here would hide the VM it calls
+        return fns
 
     def _direct_call(self, fn):
         """`direct_call(fn)`, made once per compiled function (it holds fn's storage cells)."""
         if getattr(fn, "vm", None) is None:  # e.g. the trace recorder's wrappers, new per solve
-            return fn
+            return graph_call(fn, self.graph_errors)
         cache = self.__dict__.setdefault("_direct", {})
         hit = cache.get(id(fn))
         if hit is None or hit[0] is not fn:
-            hit = cache[id(fn)] = (fn, direct_call(fn))
+            hit = cache[id(fn)] = (fn, direct_call(fn, self.graph_errors))
         return hit[1]
 
     def warm_start_point(self, z0: np.ndarray, params=(), theta=None) -> np.ndarray | None:
@@ -404,8 +416,9 @@ def _theta(params) -> np.ndarray:
     return theta if np.isfinite(theta).all() else np.where(np.isfinite(theta), theta, 0.0)
 
 
-def direct_call(fn):
-    """`fn` called through its virtual machine, as pytensor's Scan calls its inner function.
+def direct_call(fn, errors: tuple = INVALID_PARAMETERS):
+    """`fn` called through its virtual machine, as pytensor's Scan calls its inner function,
+    with `graph_call`'s boundary: the `errors` raised by the graph raise `ProblemUndefined`.
 
     ``Function.__call__`` costs ~1–2 µs per call on top of the computation even with
     ``trust_input=True`` (its bookkeeping for defaults, updates and profiling), an inner call
@@ -418,14 +431,19 @@ def direct_call(fn):
     """
     vm = getattr(fn, "vm", None)
     if vm is None or not getattr(fn, "trust_input", False):
-        return fn
+        return graph_call(fn, errors)
     inputs = [container.storage for container in fn.input_storage]
     outputs = [container.storage for container in fn.output_storage]
 
     def call(*args):
         for storage, arg in zip(inputs, args, strict=True):
             storage[0] = arg
-        vm()
+        try:
+            vm()
+        except NOT_INVALID_PARAMETERS:
+            raise
+        except errors as err:
+            raise ProblemUndefined(f"{type(err).__name__}: {err}") from err
         values = [storage[0] for storage in outputs]
         for storage in outputs:
             storage[0] = None

@@ -36,9 +36,13 @@ Newton, ``update(z) -> T(z)`` for fixed points.
 * The state `NewtonOp` keeps between solves (the warm start and its canonical step, the chord
   steps of `newton.sequential_solve`) lives in per-thread buffers of
   `pymc_optim.backends.numba_runtime`, keyed by the compiled solver.
-* Nothing raises out of the loop. As in ``SolverOp.perform``, an exception from the inner graphs
-  (e.g. PyMC's parameter checks) is caught and reported as NaN solutions with
-  ``success=False`` and counters −1.
+* Nothing raises out of the loop. An exception from the inner graphs (a raising
+  ``CheckAndRaise``, a size known only at run time that disagrees) is caught and reported as
+  NaN solutions with ``success=False`` and counters −1, as ``SolverOp.perform`` reports
+  `ProblemUndefined`. Numba's nopython mode catches no exception by class (only a bare
+  ``except`` or ``except Exception``), so here, unlike in the C backend, an error of the
+  loop's own code is reported the same way: the numpy loop, which the tests run against this
+  one, is where such a bug surfaces.
 """
 
 from __future__ import annotations
@@ -85,12 +89,24 @@ from pymc_optim.backends.numba_runtime import (
 )
 from pymc_optim.graph.failure_ops import CountFailures, WarnOnFailure
 from pymc_optim.graph.solver_op import SolverOp, inner_mode
+from pymc_optim.graph.status import SolverStatus
 from pymc_optim.linalg.structure import LinearStructure
 
 __all__: list[str] = []
 
 #: The loops compare floats exactly as numpy does: no fast-math reassociation in them.
 _njit = functools.partial(numba_njit, fastmath=False)
+
+#: The `SolverStatus` codes as plain ints: numba freezes them into the loops as constants.
+_CONVERGED, _MAX_ITER, _NONFINITE, _LINE_SEARCH_FAILED, _NOT_POSITIVE_DEFINITE, _SINGULAR = (
+    int(SolverStatus.CONVERGED),
+    int(SolverStatus.MAX_ITER),
+    int(SolverStatus.NONFINITE),
+    int(SolverStatus.LINE_SEARCH_FAILED),
+    int(SolverStatus.NOT_POSITIVE_DEFINITE),
+    int(SolverStatus.SINGULAR),
+)
+_INVALID_PARAMETERS = int(SolverStatus.INVALID_PARAMETERS)
 
 #: Anderson's memory, the default of the numpy loop.
 _ANDERSON_MEMORY = inspect.signature(_iterations.anderson).parameters["memory"].default
@@ -245,13 +261,20 @@ def _rows_finite(v, rows):
 
 
 @_njit
-def _stop(running, success, n_iterations, which, ok, iteration):
-    """`_iterations._newton`'s ``stop``, in place (the curvature test is the caller's)."""
+def _stop(running, success, n_iterations, status, which, ok, curved, iteration, reason):
+    """`_iterations._newton`'s ``stop``, in place: successful where `curved` (`ok`, and A
+    positive definite for minimization: the caller's test), `reason` where `ok` is False."""
     for b in range(running.size):
         if which[b]:
-            success[b] = ok[b]
+            success[b] = curved[b]
             n_iterations[b] = iteration
             running[b] = False
+            if curved[b]:
+                status[b] = _CONVERGED
+            elif ok[b]:
+                status[b] = _NOT_POSITIVE_DEFINITE
+            else:
+                status[b] = reason
 
 
 @functools.cache
@@ -292,8 +315,8 @@ def _newton_loop(
     """`_iterations._newton`, decision for decision, on B stacked problems (``rows``).
 
     ``newton(z, args, rows, reference)`` returns ``(z, success, n_iterations, n_evaluations,
-    A)``, A the Jacobian of the last evaluated iterate. With `chord`, one problem starts with
-    chord steps on `reference` (a compact Jacobian flattened; none if its size is not A's);
+    status, A)``, A the Jacobian of the last evaluated iterate. With `chord`, one problem starts
+    with chord steps on `reference` (a compact Jacobian flattened; none if its size is not A's);
     ``final_step=False`` returns the last evaluated iterate instead of taking the final step.
     """
     chord_steps = _chord_steps_function(
@@ -311,19 +334,25 @@ def _newton_loop(
         z, m, F, A, chord_evaluations = chord_steps(z, m, F, A, reference, args, owner)
         n_evaluations = np.full(n_problems, 1 + chord_evaluations, dtype=np.int64)
         n_iterations = np.full(n_problems, max_iter, dtype=np.int64)
+        status = np.full(n_problems, _MAX_ITER, dtype=np.int64)
         running = np.ones(n_problems, dtype=np.bool_)
         success = np.zeros(n_problems, dtype=np.bool_)
         everything = np.ones(n_problems, dtype=np.bool_)
         nothing = np.zeros(n_problems, dtype=np.bool_)
         for iteration in range(max_iter + 1):
             ok = np.isfinite(m) & _rows_finite(F, rows)
-            _stop(running, success, n_iterations, running & ~ok, ok, iteration)
+            _stop(
+                running, success, n_iterations, status, running & ~ok, ok, ok, iteration, _NONFINITE
+            )
             # NaN where A is singular (not solved once every problem stopped on a NaN)
             d = -solve(A, F) if np.any(running) else np.zeros(z.size)
             converged = running & (_rows_max_abs(F, rows) <= tol)
+            curved = ok
             if minimization and np.any(converged):
-                ok = ok & positive_definite(A, owner, n_problems)
-            _stop(running, success, n_iterations, converged, ok, iteration)
+                curved = ok & positive_definite(A, owner, n_problems)
+            _stop(
+                running, success, n_iterations, status, converged, ok, curved, iteration, _NONFINITE
+            )
             if final_step:  # the final Newton step: no evaluation, the error squared
                 final = converged & success & _rows_finite(d, rows)
                 z = _where_rows(final, owner, z + d, z)
@@ -336,7 +365,18 @@ def _newton_loop(
                 slope = _where(is_newton_step, slope, -_rows_dot(F, F, rows))
             else:
                 is_newton_step = _rows_finite(d, rows)
-                _stop(running, success, n_iterations, running & ~is_newton_step, nothing, iteration)
+                singular = running & ~is_newton_step
+                _stop(
+                    running,
+                    success,
+                    n_iterations,
+                    status,
+                    singular,
+                    nothing,
+                    nothing,
+                    iteration,
+                    _SINGULAR,
+                )
                 slope = -2.0 * m
             tiny = _rows_max_abs(d, rows) <= STEP_TOL * (1.0 + _rows_max_abs(z, rows))
             tiny = running & is_newton_step & tiny
@@ -345,7 +385,17 @@ def _newton_loop(
                 tiny_ok = tiny.copy()
                 if minimization:
                     tiny_ok = tiny_ok & positive_definite(A, owner, n_problems)
-                _stop(running, success, n_iterations, tiny, tiny_ok, iteration + 1)
+                _stop(
+                    running,
+                    success,
+                    n_iterations,
+                    status,
+                    tiny,
+                    tiny,
+                    tiny_ok,
+                    iteration + 1,
+                    _NONFINITE,
+                )
             if not np.any(running):
                 break
             z_full = _where_rows(running, owner, z + d, z)
@@ -361,7 +411,17 @@ def _newton_loop(
                 stalled = unseen & ~accepted
                 if np.any(stalled):
                     stalled_ok = everything & positive_definite(A, owner, n_problems)
-                    _stop(running, success, n_iterations, stalled, stalled_ok, iteration + 1)
+                    _stop(
+                        running,
+                        success,
+                        n_iterations,
+                        status,
+                        stalled,
+                        everything,
+                        stalled_ok,
+                        iteration + 1,
+                        _NONFINITE,
+                    )
             backtrack = running & ~accepted
             if not np.any(backtrack):
                 z = _where_rows(accepted, owner, z_full, z)
@@ -393,14 +453,24 @@ def _newton_loop(
                     settled = True
                     break
             if not settled:
-                _stop(running, success, n_iterations, searching, nothing, iteration)
+                _stop(
+                    running,
+                    success,
+                    n_iterations,
+                    status,
+                    searching,
+                    nothing,
+                    nothing,
+                    iteration,
+                    _LINE_SEARCH_FAILED,
+                )
                 z_new = _step_rows(running, owner, z, t, d)
                 m_new, F_new, A_new = system(z_new, args)
                 n_evaluations += fresh & running
                 # (the system at the point of a search ended early is checked at the next
                 # iteration's start, which fails it there)
             z, m, F, A = z_new, m_new, F_new, A_new
-        return z, success, n_iterations, n_evaluations, A
+        return z, success, n_iterations, n_evaluations, status, A
 
     return newton
 
@@ -476,7 +546,7 @@ def _canonical_step_function(system, solve):
 
 def _newton_driver(newton, canonical, *, warm_start: bool, sequential: bool, predictor: bool, key):
     """``driver(z0, args, rows, theta, continued)`` → ``(z, success, n_iterations,
-    n_evaluations)``: the loop as `NewtonOp.solve` runs it, with this thread's state kept in
+    n_evaluations, status)``: the loop as `NewtonOp.solve` runs it, with this thread's state kept in
     `numba_runtime` buffers under `key` (and ``key + 1``).
 
     * `warm_start`: from the last successful solution of this solver in this thread (moved
@@ -500,13 +570,13 @@ def _newton_driver(newton, canonical, *, warm_start: bool, sequential: bool, pre
                     header[0] = 0.0
                 elif header[0] == 1.0:
                     reference = solver_buffer(key + 1, np.int64(header[1])).copy()
-            z, success, n_iterations, n_evaluations, A = newton(z0, args, rows, reference)
+            z, success, n_iterations, n_evaluations, status, A = newton(z0, args, rows, reference)
             if header.size == 2 and np.all(success):
                 data = solver_buffer(key + 1, A.size)
                 if data.size == A.size:
                     copy_into(data, 0, np.ascontiguousarray(A).reshape(A.size))
                     header[0], header[1] = 1.0, A.size
-            return z, success, n_iterations, n_evaluations
+            return z, success, n_iterations, n_evaluations, status
 
         return solve_in_sequence
 
@@ -514,8 +584,8 @@ def _newton_driver(newton, canonical, *, warm_start: bool, sequential: bool, pre
 
         @_njit
         def solve_cold(z0, args, rows, theta, continued):
-            z, success, n_iterations, n_evaluations, _ = newton(z0, args, rows, nothing)
-            return z, success, n_iterations, n_evaluations
+            z, success, n_iterations, n_evaluations, status, _ = newton(z0, args, rows, nothing)
+            return z, success, n_iterations, n_evaluations, status
 
         return solve_cold
 
@@ -532,7 +602,7 @@ def _newton_driver(newton, canonical, *, warm_start: bool, sequential: bool, pre
         warm = start.size == n
         for attempt in range(2):
             begin = start if warm and attempt == 0 else z0
-            z, success, iterations, evaluations, _ = newton(begin, args, rows, nothing)
+            z, success, iterations, evaluations, status, _ = newton(begin, args, rows, nothing)
             n_iterations += iterations  # the counters include both solves
             n_evaluations += evaluations
             if not warm or attempt == 1 or np.all(success):
@@ -541,7 +611,7 @@ def _newton_driver(newton, canonical, *, warm_start: bool, sequential: bool, pre
         n_evaluations += more_evaluations
         if np.all(success) and state.size:
             _remember(state, theta, z)
-        return z, success, n_iterations, n_evaluations
+        return z, success, n_iterations, n_evaluations, status
 
     return solve_warm
 
@@ -594,11 +664,11 @@ def _fixed_point_loop(update, *, tol: float, max_iter: int):
         for iteration in range(1, max_iter + 1):
             z_new = update(z, args)
             if not _all_finite(z_new):
-                return z, False, iteration, iteration
+                return z, False, iteration, iteration, _NONFINITE
             if _max_abs(z_new - z) <= tol:
-                return z_new, True, iteration, iteration
+                return z_new, True, iteration, iteration, _CONVERGED
             z = z_new
-        return z, False, max_iter, max_iter
+        return z, False, max_iter, max_iter, _MAX_ITER
 
     return fixed_point_iteration
 
@@ -616,9 +686,9 @@ def _anderson_loop(update, *, tol: float, max_iter: int, memory: int = _ANDERSON
         k = 0
         for iteration in range(1, max_iter + 1):
             if not _all_finite(g):
-                return z, False, iteration, iteration
+                return z, False, iteration, iteration, _NONFINITE
             if _max_abs(g) <= tol:
-                return z + g, True, iteration, iteration
+                return z + g, True, iteration, iteration, _CONVERGED
             if k > 0:
                 G = np.ascontiguousarray(dG[:, :k])
                 Z = np.ascontiguousarray(dZ[:, :k])
@@ -636,7 +706,7 @@ def _anderson_loop(update, *, tol: float, max_iter: int, memory: int = _ANDERSON
             dG[:, k] = g_new - g
             k += 1
             z, g = z_new, g_new
-        return z, False, max_iter, max_iter
+        return z, False, max_iter, max_iter, _MAX_ITER
 
     return anderson
 
@@ -708,14 +778,19 @@ def _adapter_source(op: SolverOp, node, inner_outputs: dict) -> str:
     failed = [f"np.full({x}.shape, np.nan, dtype={d})" for x, d in zip(xs, out_dtypes, strict=True)]
     solutions = [f"u{i}" for i in range(k)]
     batch_ndim = getattr(op, "batch_ndim", None)
+    invalid = _INVALID_PARAMETERS
     if batch_ndim is None:  # fixed points: one problem, scalars
         call_loop = "loop(pack(args), args)"
         lines += [
-            "def as_diagnostics(success, n_iterations, n_evaluations, shape_of):",
+            "def as_diagnostics(success, n_iterations, n_evaluations, status, shape_of):",
             "    return (np.asarray(success), np.asarray(np.int64(n_iterations)), "
-            "np.asarray(np.int64(n_evaluations)))",
+            "np.asarray(np.int64(n_evaluations)), np.asarray(np.int64(status)))",
         ]
-        failure = "np.asarray(False), np.asarray(np.int64(-1)), np.asarray(np.int64(-1))"
+        failure = (
+            "np.asarray(False), np.asarray(np.int64(-1)), np.asarray(np.int64(-1)), "
+            f"np.asarray(np.int64({invalid}))"
+        )
+        n_problems = "1"
     else:  # Newton: B stacked problems (`_newton.problem_rows`), diagnostics batch-shaped
         batch_shape = "(" + "".join(f"x0.shape[{i}], " for i in range(batch_ndim)) + ")"
         n_problems = " * ".join(["1", *(f"x0.shape[{i}]" for i in range(batch_ndim))])
@@ -754,23 +829,24 @@ def _adapter_source(op: SolverOp, node, inner_outputs: dict) -> str:
             "        offset += size",
             "        column += per_problem",
             "    return out",
-            "def as_diagnostics(success, n_iterations, n_evaluations, x0):",
+            "def as_diagnostics(success, n_iterations, n_evaluations, status, x0):",
         ]
         if batch_ndim:
             lines.append(
                 f"    return (success.reshape({batch_shape}), n_iterations.reshape({batch_shape}), "
-                f"n_evaluations.reshape({batch_shape}))"
+                f"n_evaluations.reshape({batch_shape}), status.reshape({batch_shape}))"
             )
         else:
             lines.append(
                 "    return (np.asarray(success[0]), np.asarray(n_iterations[0]), "
-                "np.asarray(n_evaluations[0]))"
+                "np.asarray(n_evaluations[0]), np.asarray(status[0]))"
             )
         shape = batch_shape if batch_ndim else "()"
         failure = (
             f"np.zeros({shape}, dtype=np.bool_), np.full({shape}, -1, dtype=np.int64), "
-            f"np.full({shape}, -1, dtype=np.int64)"
+            f"np.full({shape}, -1, dtype=np.int64), np.full({shape}, {invalid}, dtype=np.int64)"
         )
+    lines += _failed_checks_source(op, node, get_args, n_problems, batch_ndim or 0)
     # "continued", the last extra input of a sequential solve (`newton.sequential_solve`)
     continued = f"{extras[-1]}.item() != 0" if getattr(op, "sequential", False) else "True"
     lines += [
@@ -779,16 +855,55 @@ def _adapter_source(op: SolverOp, node, inner_outputs: dict) -> str:
         f"    continued = {continued}",
         "    blas_threads = set_blas_threads(1)",
         "    try:",
-        f"        z, success, n_iterations, n_evaluations = {call_loop}",
-        "    except Exception:  # as SolverOp.perform: invalid parameters fail the solve",
+        f"        z, success, n_iterations, n_evaluations, status = {call_loop}",
+        "    except Exception:  # (numba catches by no class) as perform: ProblemUndefined",
         "        set_blas_threads(blas_threads)",
         f"        return ({', '.join(failed)}, {failure})",
         "    set_blas_threads(blas_threads)",
+        "    failed = failed_checks(args)",
+        "    if np.any(failed):  # as SolverOp.perform: a false parameter check fails the solve",
+        "        success = success & ~failed"
+        if batch_ndim is not None
+        else "        success = False",
+        f"        status = np.where(failed, {invalid}, status)"
+        if batch_ndim is not None
+        else f"        status = {invalid}",
         *unpack(out_dtypes),
         f"    return ({', '.join(solutions)}, "
-        "*as_diagnostics(success, n_iterations, n_evaluations, x0))",
+        "*as_diagnostics(success, n_iterations, n_evaluations, status, x0))",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _failed_checks_source(op: SolverOp, node, get_args, n_problems: str, batch_ndim: int):
+    """Source of ``failed_checks(args)``: per problem (a vector of `n_problems`), whether a
+    condition of `SolverOp.parameter_checks` is false, as `SolverOp.failed_checks` decides."""
+    k = op.n_controls
+    lines = [
+        "def failed_checks(args):",
+        *get_args,
+        f"    n_problems = np.int64(1) * {n_problems}",
+        "    out = np.zeros(n_problems, dtype=np.bool_)",
+    ]
+    for i in op.parameter_checks:
+        p, ndim = f"p{i}", node.inputs[k + i].type.ndim
+        if batch_ndim and ndim >= batch_ndim:  # one per problem where its batch shape is x's
+            same = " and ".join(f"{p}.shape[{d}] == x0.shape[{d}]" for d in range(batch_ndim))
+            lines += [
+                f"    if {same}:",
+                f"        width = {p}.size // n_problems",
+                "        for b in range(n_problems):",
+                "            for j in range(width):",
+                f"                if not {p}.flat[b * width + j]:",
+                "                    out[b] = True",
+                "    else:",
+                f"        if not np.all({p}):",
+                "            out[:] = True",
+            ]
+        else:
+            lines += [f"    if not np.all({p}):", "        out[:] = True"]
+    lines.append("    return out")
+    return lines
 
 
 def _adapters(op: SolverOp, node, inputs, inner_outputs: dict):
@@ -803,7 +918,8 @@ def _adapters(op: SolverOp, node, inputs, inner_outputs: dict):
         env[f"{name}_fn"], key = _numba_function(inputs, outputs)
         keys.append(key)
     src = _adapter_source(op, node, inner_outputs)
-    helpers = ["pack", "as_diagnostics", *(["rows", "theta"] if isinstance(op, NewtonOp) else [])]
+    helpers = ["pack", "as_diagnostics", "failed_checks"]
+    helpers += ["rows", "theta"] if isinstance(op, NewtonOp) else []
     for name in [*helpers, *inner_outputs]:
         env[name] = _njit(compile_numba_function_src(src, name, env))
     return env, src, keys

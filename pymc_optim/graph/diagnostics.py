@@ -14,12 +14,20 @@ from pytensor.tensor.elemwise import Elemwise
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_optim.graph.solver_op import SolverOp
+from pymc_optim.graph.status import SolverStatus, status_names
 from pymc_optim.graph.trace import SolveTrace
 
 __all__ = ["SolverInfo", "solution_info", "solver_node", "solver_trace"]
 
 
-class SolverInfo(NamedTuple):
+class _Diagnostics(NamedTuple):
+    success: TensorVariable
+    value: TensorVariable
+    n_iterations: TensorVariable
+    n_evaluations: TensorVariable
+
+
+class SolverInfo(_Diagnostics):
     """Symbolic diagnostics of one solve, from :func:`pymc_optim.solution_info`.
 
     Attributes
@@ -29,12 +37,23 @@ class SolverInfo(NamedTuple):
         residual (root finding, fixed points). Differentiable.
     n_iterations : int64 scalar, the solver's iteration count (-1 where scipy does not say).
     n_evaluations : int64 scalar, the number of objective or equation evaluations.
+    status : int64 scalar, why the solve ended: a :class:`SolverInfo.Status` code, 0
+        (``CONVERGED``) exactly where `success` is True; `SolverInfo.status_names` turns
+        evaluated codes into names. An attribute only: unpacking ``*info`` gives the four
+        above, as it always has.
     """
 
-    success: TensorVariable
-    value: TensorVariable
-    n_iterations: TensorVariable
-    n_evaluations: TensorVariable
+    #: The status codes, an IntEnum: ``SolverInfo.Status(code).name``, ``.message``.
+    Status = SolverStatus
+    #: Evaluated status codes as names: ``SolverInfo.status_names(codes)``.
+    status_names = staticmethod(status_names)
+
+    status: TensorVariable
+
+    def __new__(cls, success, value, n_iterations, n_evaluations, status=None):
+        info = super().__new__(cls, success, value, n_iterations, n_evaluations)
+        info.status = status
+        return info
 
 
 def solution_info(x_star: TensorVariable | Sequence[TensorVariable]) -> SolverInfo:
@@ -50,7 +69,7 @@ def solution_info(x_star: TensorVariable | Sequence[TensorVariable]) -> SolverIn
     -------
     info : SolverInfo
         ``success``, ``value`` (objective at x*, or residual norm), ``n_iterations`` and
-        ``n_evaluations``.
+        ``n_evaluations``; and ``status``, why the solve ended (a `SolverInfo.Status` code).
 
     Raises
     ------
@@ -66,6 +85,8 @@ def solution_info(x_star: TensorVariable | Sequence[TensorVariable]) -> SolverIn
     >>> info = pmo.solution_info(x_star)
     >>> float(info.value.eval({a: 3.0}))
     1.0
+    >>> pmo.SolverInfo.status_names(info.status.eval({a: 3.0}))
+    'converged'
     """
     node, op = solver_node(x_star)
     outs = node.outputs
@@ -75,8 +96,8 @@ def solution_info(x_star: TensorVariable | Sequence[TensorVariable]) -> SolverIn
     replace.update(zip(op.problem.inner_params, params, strict=True))
     # vectorize_graph also covers batched (Blockwise) solves, where x* has batch dimensions
     value = vectorize_graph(op.value, replace)
-    success, n_iterations, n_evaluations = outs[op.n_controls :]
-    return SolverInfo(success, value, n_iterations, n_evaluations)
+    success, n_iterations, n_evaluations, status = outs[op.n_controls :]
+    return SolverInfo(success, value, n_iterations, n_evaluations, status)
 
 
 def solver_trace(x_star) -> list[SolveTrace]:

@@ -14,26 +14,60 @@ from pytensor.graph.basic import Apply, Variable
 from pytensor.graph.fg import FunctionGraph
 from pytensor.graph.op import HasInnerGraph, Op
 from pytensor.graph.replace import graph_replace
+from pytensor.raise_op import CheckAndRaise
 from pytensor.tensor.type import TensorType
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_optim.graph import trace as _trace
 from pymc_optim.graph.inner_graph import InnerProblem
+from pymc_optim.graph.status import SolverStatus
 from pymc_optim.implicit import OptimalityCondition, differentiated_elsewhere, implicit_pullback
 
-__all__ = ["INNER_REWRITES", "INVALID_PARAMETERS", "SolverOp", "inner_mode", "make_solution"]
+__all__ = [
+    "INNER_REWRITES",
+    "INVALID_PARAMETERS",
+    "NOT_INVALID_PARAMETERS",
+    "ProblemUndefined",
+    "SolverOp",
+    "graph_call",
+    "inner_mode",
+    "make_solution",
+]
 
-#: Errors that evaluating the inner graph raises at parameters where the problem is undefined
-#: (PyMC's ParameterValueError is a ValueError), or where sizes known only at run time disagree
-#: (numpy's and scipy's shape checks raise ValueError or TypeError; PyTensor's run-time
-#: broadcast checks are `Assert` Ops, which raise AssertionError).
-INVALID_PARAMETERS = (
-    ValueError,
-    TypeError,
-    ArithmeticError,
-    AssertionError,
-    np.linalg.LinAlgError,
-)
+#: What evaluating a problem's graph raises where the problem is undefined at the inputs it was
+#: given: PyMC's parameter checks (ParameterValueError, a ValueError) and PyTensor's `Assert`
+#: (AssertionError), a singular or indefinite matrix of the user's linear algebra (LinAlgError),
+#: floating-point errors, and sizes known only at run time that disagree (numpy's and PyTensor's
+#: shape checks raise ValueError). The classes of the graph's own `CheckAndRaise` Ops are added
+#: per Op (`SolverOp.graph_errors`). Only an error raised *by the graph* counts (`graph_call`):
+#: the same classes raised by the solver's own code, and any other class, propagate as bugs.
+INVALID_PARAMETERS = (ValueError, AssertionError, ArithmeticError, np.linalg.LinAlgError)
+#: ... except these, which say that an Op was misused rather than that the inputs are invalid
+#: (numpy's AxisError is a ValueError and an IndexError).
+NOT_INVALID_PARAMETERS = (np.exceptions.AxisError,)
+
+
+class ProblemUndefined(Exception):
+    """The problem's graph raised one of its `SolverOp.graph_errors` (the original error is the
+    ``__cause__``), or its sizes disagree at run time: there is no solution at these inputs, and
+    the solve fails with status `SolverStatus.INVALID_PARAMETERS` instead of raising."""
+
+
+def graph_call(fn, errors: tuple = INVALID_PARAMETERS):
+    """`fn` (a compiled inner function) whose `errors` raise as `ProblemUndefined`: the one
+    boundary at which an exception is known to come from the problem's graph."""
+
+    def call(*args):
+        try:
+            return fn(*args)
+        except NOT_INVALID_PARAMETERS:
+            raise
+        except errors as err:
+            raise ProblemUndefined(f"{type(err).__name__}: {err}") from err
+
+    return call
+
+
 #: Rewrites every backend applies to a solver's inner graphs on top of its own mode: PyMC's
 #: parameter checks in a log density (``CheckParameterValue``: `sigma > 0`, `mu > 0`) give −inf
 #: instead of raising, as PyMC compiles a model's logp. A Newton trial step into exp(u) = 0 made
@@ -54,7 +88,7 @@ class SolverOp(Op, HasInnerGraph):
     Inputs are ``[*x0s, *params, *extras]``: initial guesses (one per control), the parameters
     found in the user's graph (the inner graph's inputs besides x), and solver-only inputs such as
     a bracket, which the solution does not depend on locally. Outputs are
-    ``[*x_stars, success, n_iterations, n_evaluations]``.
+    ``[*x_stars, success, n_iterations, n_evaluations, status]``, `status` a `SolverStatus` code.
 
     Subclasses say *what is solved* (`condition`, `value`, the compiled functions they need) and
     implement `solve` with a numerical backend.
@@ -97,7 +131,12 @@ class SolverOp(Op, HasInnerGraph):
         raise NotImplementedError
 
     def solve(self, fns: dict, x0s: list[np.ndarray], params: list, extras: list):
-        """Return ``(x_stars, success, n_iterations, n_evaluations)``; never raise on failure."""
+        """Return ``(x_stars, success, n_iterations, n_evaluations, status)``, `status` a
+        `SolverStatus` code; never raise on failure.
+
+        `fns` are the compiled inner functions through `guarded_functions`: an error raised by
+        the problem's graph arrives as `ProblemUndefined`, which `perform` reports as a failed
+        solve; anything else a solver raises propagates."""
         raise NotImplementedError
 
     # --- inner graph (PyTensor's HasInnerGraph: dprint and graph tools see it) ------------------
@@ -156,11 +195,12 @@ class SolverOp(Op, HasInnerGraph):
             pt.scalar(dtype="bool"),
             pt.scalar(dtype="int64"),
             pt.scalar(dtype="int64"),
+            pt.scalar(dtype="int64"),  # status
         ]
         return Apply(self, [*x0s, *params, *extras], outputs)
 
     def infer_shape(self, node, input_shapes):
-        return [*input_shapes[: self.n_controls], (), (), ()]
+        return [*input_shapes[: self.n_controls], (), (), (), ()]
 
     def typed_inner_inputs(self, node: Apply, shapes=None) -> tuple[list[Variable], list[Variable]]:
         """Stand-ins for the inner controls and parameters with the static types of `node`'s inputs.
@@ -210,6 +250,58 @@ class SolverOp(Op, HasInnerGraph):
         return compiled
 
     @property
+    def graph_errors(self) -> tuple[type[Exception], ...]:
+        """What evaluating this problem's graph may raise where the problem is undefined:
+        `INVALID_PARAMETERS` and the classes of the graph's `CheckAndRaise` Ops."""
+        found = self.__dict__.get("_graph_errors")
+        if found is None:
+            raised = {node.op.exc_type for node in _raising_nodes(self.inner_outputs)}
+            found = (*INVALID_PARAMETERS, *sorted(raised - set(INVALID_PARAMETERS), key=str))
+            self.__dict__["_graph_errors"] = found
+        return found
+
+    @property
+    def parameter_checks(self) -> list[int]:
+        """The inner parameters that are conditions of PyMC's parameter checks in the graph
+        (those `INNER_REWRITES` make −inf): where one is false, the problem is undefined at
+        every x, and every backend reports the solve as failed with status
+        `SolverStatus.INVALID_PARAMETERS`, whatever its loop found."""
+        found = self.__dict__.get("_parameter_checks")
+        if found is None:
+            index = {var: i for i, var in enumerate(self.problem.inner_params)}
+            found = sorted(
+                {
+                    index[condition]
+                    for node in _raising_nodes(self.inner_outputs)
+                    if getattr(node.op, "can_be_replaced_by_ninf", False)
+                    for condition in node.inputs[1:]
+                    if condition in index
+                }
+            )
+            self.__dict__["_parameter_checks"] = found
+        return found
+
+    def failed_checks(self, params, shape: tuple) -> np.ndarray | None:
+        """Per problem (`shape`, as `success`): whether a `parameter_checks` condition is
+        false in `params`; None where the graph has no such check."""
+        if not self.parameter_checks:
+            return None
+        failed = np.zeros(shape, dtype=bool)
+        for i in self.parameter_checks:
+            condition = np.asarray(params[i])
+            if shape and condition.shape[: len(shape)] == shape:  # one per problem
+                failed |= ~condition.reshape(*shape, -1).all(axis=-1)
+            else:
+                failed |= not condition.all()
+        return failed
+
+    def guarded_functions(self, fns: dict) -> dict:
+        """`fns` as `solve` calls them: each through `graph_call`. An Op whose `solve` makes
+        the calls through a boundary of its own (`NewtonOp`'s `direct_call`) returns `fns`."""
+        errors = self.graph_errors
+        return {name: graph_call(fn, errors) for name, fn in fns.items()}
+
+    @property
     def trace_limit(self) -> int:
         """How many solves to record (0: none), from ``optimizer_kwargs["trace"]``."""
         return _trace.trace_limit(getattr(self, "options", None))
@@ -218,29 +310,36 @@ class SolverOp(Op, HasInnerGraph):
         x0s = inputs[: self.n_controls]
         params = inputs[self.n_controls : self.n_controls + self.n_params]
         extras = inputs[self.n_controls + self.n_params :]
-        fns = self._compiled_functions()
+        fns = self.guarded_functions(self._compiled_functions())
         recorder = _trace.Recorder(fns, self.n_controls) if self.trace_limit else None
         try:
-            x_stars, success, n_iterations, n_evaluations = self.solve(
+            x_stars, success, n_iterations, n_evaluations, status = self.solve(
                 fns if recorder is None else recorder.fns, list(x0s), list(params), list(extras)
             )
-        except INVALID_PARAMETERS as err:
+        except ProblemUndefined as err:
             # e.g. a size known only at run time that disagrees, or a raising Op of the user's
             # graph (PyMC's parameter checks are −inf, `INNER_REWRITES`): the problem has no
-            # solution at these parameters, which is data, not a crash.
+            # solution at these parameters, which is data, not a crash. Errors of the solver's
+            # own code are not caught: they are bugs.
             x_stars = [np.full(np.shape(x0), np.nan) for x0 in x0s]
             success, n_iterations, n_evaluations = False, -1, -1
-            _trace.note(f"{type(err).__name__}: {err}")
+            status = SolverStatus.INVALID_PARAMETERS
+            _trace.note(str(err))
+        shape = self.diagnostics_shape(x0s)
+        failed = self.failed_checks(params, shape)
+        if failed is not None and failed.any():
+            success = np.asarray(success, dtype=bool) & ~failed
+            status = np.where(failed, SolverStatus.INVALID_PARAMETERS, status).astype("int64")
         if recorder is not None:
-            solve = recorder.finish(params, x0s, x_stars, success, n_iterations, n_evaluations)
+            solve = recorder.finish(
+                params, x0s, x_stars, success, n_iterations, n_evaluations, status
+            )
             traces = self.__dict__.setdefault("_traces", _trace.new_trace_store(self.trace_limit))
             traces.append(solve)
         for storage, x, inner in zip(output_storage, x_stars, self.problem.inner_xs, strict=False):
             storage[0] = np.asarray(x, dtype=inner.type.dtype).reshape(np.shape(x))
-        shape = self.diagnostics_shape(x0s)
-        for i, (value, dtype) in enumerate(
-            [(success, "bool"), (n_iterations, "int64"), (n_evaluations, "int64")]
-        ):
+        diagnostics = [(success, "bool"), (n_iterations, "int64"), (n_evaluations, "int64")]
+        for i, (value, dtype) in enumerate([*diagnostics, (status, "int64")]):
             ready = isinstance(value, np.ndarray) and value.dtype == dtype
             if not (ready and value.shape == shape):
                 # (the Newton solves return them ready: fresh arrays, stored as they are)
@@ -256,7 +355,7 @@ class SolverOp(Op, HasInnerGraph):
     def connection_pattern(self, node):
         # x* depends on the continuous parameters only (not on x0 or a bracket: the solution is
         # locally constant in them); success and the counters are piecewise constant.
-        n_out = self.n_controls + 3
+        n_out = self.n_controls + 4
         return [
             [self._is_differentiable_param(i, var) and j < self.n_controls for j in range(n_out)]
             for i, var in enumerate(node.inputs)
@@ -314,10 +413,29 @@ class SolverOp(Op, HasInnerGraph):
         state["_compiled"] = {}  # compiled functions do not pickle; recompiled on first use
         state.pop("_fgraph", None)
         state.pop("_traces", None)  # traces belong to the process that ran the solves
+        state.pop("_graph_errors", None)  # (found again from the inner graph)
+        state.pop("_parameter_checks", None)
         return state
 
     def __str__(self):
         return f"{type(self).__name__}{{method={getattr(self, 'method', '?')}}}"
+
+
+def _raising_nodes(outputs):
+    """The `CheckAndRaise` nodes of the graph of `outputs`, inner graphs (OpFromGraph, Scan)
+    included."""
+    pending, seen = list(outputs), set()
+    while pending:
+        var = pending.pop()
+        node = getattr(var, "owner", None)
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if isinstance(node.op, CheckAndRaise):
+            yield node
+        if isinstance(node.op, HasInnerGraph):
+            pending.extend(node.op.inner_outputs)
+        pending.extend(node.inputs)
 
 
 def _thread_copy(fn):

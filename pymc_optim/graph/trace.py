@@ -48,6 +48,8 @@ class SolveTrace(NamedTuple):
     value : (k,) array, the objective there (minimization) or the residual norm ‖F‖ (roots).
     gradient_norm : (k,) array, ‖∇ₓf‖₂ where the solver evaluated the gradient, NaN elsewhere.
     message : scipy's message, or the exception that ended the solve.
+    status : why the solve ended, a `SolverStatus` code as in :func:`solution_info`
+        (``SOLVER_FAILED`` where scipy gave up: `message` says why).
     """
 
     params: list
@@ -60,6 +62,7 @@ class SolveTrace(NamedTuple):
     value: np.ndarray
     gradient_norm: np.ndarray
     message: str
+    status: int = 0
 
 
 def _norm(arrays) -> float:
@@ -137,7 +140,9 @@ class Recorder:
 
         return logged
 
-    def finish(self, params, x0s, x_stars, success, n_iterations, n_evaluations) -> SolveTrace:
+    def finish(
+        self, params, x0s, x_stars, success, n_iterations, n_evaluations, status=0
+    ) -> SolveTrace:
         _CURRENT.recorder = None
         n = sum(int(np.size(x)) for x in x0s)
         return SolveTrace(
@@ -151,6 +156,7 @@ class Recorder:
             value=np.array(self.values, dtype="float64"),
             gradient_norm=np.array(self.gradient_norms, dtype="float64"),
             message=self.message,
+            status=int(status),
         )
 
 

@@ -440,3 +440,94 @@ def test_solution_info_value_of_a_0d_fixed_point_is_the_residual(method):
     x_value, value = pytensor.function([a], [x_star, pmo.solution_info(x_star).value])(1.5)
     # it was NaN: a rewrite turns sqrt(F²) into switch(F >= 0, F, nan) for one element
     np.testing.assert_allclose(value, abs(x_value - (0.5 * x_value + 1.5)), rtol=1e-12, atol=1e-300)
+
+
+# --- what a failed solve is: errors of the problem's graph, not of the solver's code ---------
+
+
+class _Raising(pytensor.graph.op.Op):
+    """x passed through; raises `error` when evaluated."""
+
+    __props__ = ("error",)
+
+    def __init__(self, error):
+        self.error = error
+
+    def make_node(self, x):
+        x = pt.as_tensor_variable(x)
+        return pytensor.graph.basic.Apply(self, [x], [x.type()])
+
+    def perform(self, node, inputs, output_storage):
+        raise self.error("raised by an Op of the graph")
+
+    def pullback(self, inputs, outputs, output_grads):
+        return output_grads
+
+
+class _ProblemError(Exception):
+    """A user's own CheckAndRaise class."""
+
+
+def _checked(value, condition, kind):
+    """`value` behind a raising check of `condition`, as a user's graph holds one."""
+    from pymc.logprob.utils import CheckParameterValue
+    from pytensor.raise_op import Assert, CheckAndRaise
+
+    if kind == "pymc":  # a PyMC check PyMC itself does not turn into −inf
+        return CheckParameterValue("s > 0", can_be_replaced_by_ninf=False)(value, condition)
+    if kind == "assert":
+        return Assert("s > 0")(value, condition)
+    return CheckAndRaise(_ProblemError, "s > 0")(value, condition)
+
+
+@pytest.mark.parametrize("method", ["newton", "BFGS", "Nelder-Mead"])
+@pytest.mark.parametrize("kind", ["pymc", "assert", "own"])
+def test_a_raising_check_of_the_graph_fails_the_solve(x, a, s, method, kind):
+    objective = _checked(((x - a) ** 2).sum(), s > 0, kind) * s**2
+    x_star, success = pmo.minimize(objective, x, x0=np.zeros(2), method=method)
+    fn = pytensor.function([a, s], [x_star, success, pmo.solution_info(x_star).n_iterations])
+    x_value, ok, n_iterations = fn(A_VAL, 1.0)
+    assert ok
+    np.testing.assert_allclose(x_value, A_VAL, rtol=1e-4)
+    x_value, ok, n_iterations = fn(A_VAL, -1.0)
+    assert not ok and n_iterations == -1
+    assert x_value.shape == (2,) and np.isnan(x_value).all()
+
+
+@pytest.mark.parametrize("method", ["newton", "BFGS", "hybr"])
+@pytest.mark.parametrize("error", [TypeError, IndexError, AttributeError, np.exceptions.AxisError])
+def test_other_errors_of_the_graph_propagate(x, a, method, error):
+    """A TypeError, IndexError, AttributeError or AxisError raised while evaluating the problem
+    says that an Op is broken, not that the problem is undefined: it is not a failed solve."""
+    residual = _Raising(error)(x - a)
+    if method == "hybr":
+        x_star, _ = pmo.root(residual, x, x0=np.zeros(2), method=method)
+    else:
+        x_star, _ = pmo.minimize((residual**2).sum(), x, x0=np.zeros(2), method=method)
+    fn = pytensor.function([a], x_star)
+    with pytest.raises(error, match="raised by an Op of the graph"):
+        fn(A_VAL)
+
+
+@pytest.mark.parametrize("method", ["newton", "BFGS", "iteration"])
+def test_an_error_of_the_solver_code_propagates(x, a, method, monkeypatch):
+    """A bug of the solver (here a TypeError in its unpacking of x, called by scipy for BFGS) is
+    raised, not reported as a failed solve."""
+    from pymc_optim.backends import packing
+
+    def broken(*args, **kwargs):
+        raise TypeError("a bug of the solver")
+
+    if method == "iteration":
+        x_star, _ = pmo.fixed_point(0.5 * pt.cos(x) + a, x, x0=np.zeros(2), method=method)
+    else:
+        x_star, _ = pmo.minimize(((x - a) ** 2).sum(), x, x0=np.ones(2), method=method)
+    fn = pytensor.function([a], x_star)
+    if method == "newton":  # one flat control needs no packing: break the loop itself
+        from pymc_optim.backends import iterations
+
+        monkeypatch.setattr(iterations, "newton", broken)
+    else:
+        monkeypatch.setattr(packing.Packer, "unpack", broken)
+    with pytest.raises(TypeError, match="a bug of the solver"):
+        fn(A_VAL)

@@ -1,7 +1,9 @@
 """scipy.optimize as the numerical backend: callbacks into compiled inner PyTensor functions.
 
 Every function here takes the compiled inner functions of a solver Op, the initial guesses and the
-parameter values, and returns ``(x_stars, success, n_iterations, n_evaluations)``. A solver that
+parameter values, and returns ``(x_stars, success, n_iterations, n_evaluations, status)``, the
+status ``SOLVER_FAILED`` where scipy gave up (its message noted in the trace) and ``NONFINITE``
+where it returned a non-finite point. A solver that
 raises (a bracket without a sign change, a singular step, NaN in the objective) is reported as
 ``success=False`` with NaN solutions, never as an exception inside ``perform`` (`_guarded`).
 The functions end alike (failed → NaN, else the result with success and counts) but read a
@@ -12,12 +14,16 @@ parallel is kept so that each reads as one call of scipy.
 from __future__ import annotations
 
 import inspect
+import os
 import warnings
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import numpy as np
 
 from pymc_optim.backends.packing import Packer
+from pymc_optim.graph.solver_op import ProblemUndefined
+from pymc_optim.graph.status import SolverStatus
 from pymc_optim.graph.trace import note, without_trace
 
 __all__ = [
@@ -30,10 +36,13 @@ __all__ = [
     "scipy_methods",
 ]
 
-#: scipy reports these when a solve cannot proceed; they become ``success=False``. TypeError is
-#: what scipy's input checks raise for sizes known only at run time (fsolve's "mismatch between
-#: the input and output shape"); everything knowable earlier is refused when the graph is built.
+#: scipy reports these when a solve cannot proceed (a bracket without a sign change, a singular
+#: step); raised by scipy's own code, they become ``success=False`` (`_guarded`). Raised through
+#: one of our callbacks, they are bugs and propagate: the problem's graph reports its own errors
+#: as `ProblemUndefined` (`SolverOp.guarded_functions`).
 _SOLVER_ERRORS = (ValueError, TypeError, RuntimeError, ArithmeticError, np.linalg.LinAlgError)
+#: Where our callbacks live: a traceback through them is not scipy's own failure.
+_PACKAGE = str(Path(__file__).parents[2]) + os.sep
 
 #: `root` succeeds where max|F(x*)| is at most this at the returned point: graph-native Newton's
 #: default tolerance, and what the 0-d form (scalar Newton, see _rewrites) checks.
@@ -108,17 +117,42 @@ def scipy_methods(routine: str) -> tuple[str, ...]:
 
 
 def _guarded(solver: Callable, *args, ignore: type[Warning] | None = None, **kwargs):
-    """``solver(*args, **kwargs)``, or None where it raised one of `_SOLVER_ERRORS` (noted in the
-    trace): the one place where a scipy solver's exception becomes ``success=False``. Warnings of
-    the category `ignore` are silenced: they announce a failure the result reports anyway."""
+    """``solver(*args, **kwargs)``, or None where scipy's own code raised one of
+    `_SOLVER_ERRORS` (noted in the trace): the one place where a scipy solver's exception becomes
+    ``success=False``. Warnings of the category `ignore` are silenced: they announce a failure
+    the result reports anyway."""
     try:
         with warnings.catch_warnings():
             if ignore is not None:
                 warnings.simplefilter("ignore", ignore)
             return solver(*args, **kwargs)
     except _SOLVER_ERRORS as err:
+        if _through_our_code(err):
+            raise
         note(f"{type(err).__name__}: {err}")
         return None
+
+
+def _through_our_code(err: BaseException) -> bool:
+    """Whether `err` was raised in (or below) one of our callbacks rather than by scipy: its
+    traceback, past `_guarded`'s own frame, passes through this package."""
+    tb = err.__traceback__
+    tb = tb.tb_next if tb is not None else None  # (the first frame is `_guarded`'s)
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.startswith(_PACKAGE):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _status(success: bool, x) -> SolverStatus:
+    """The status of a scipy solve that returned `x`: scipy's own failure unless x is not
+    finite."""
+    if success:
+        return SolverStatus.CONVERGED
+    if not np.all(np.isfinite(x)):
+        return SolverStatus.NONFINITE
+    return SolverStatus.SOLVER_FAILED
 
 
 def _counts(res) -> tuple[int, int]:
@@ -252,10 +286,10 @@ def minimize(
         **without_trace(options),
     )
     if res is None:
-        return packer.failed(), False, -1, -1
+        return packer.failed(), False, -1, -1, SolverStatus.SOLVER_FAILED
     note(res.message)
     success = bool(res.success) and bool(np.all(np.isfinite(res.x)))
-    return packer.unpack(res.x), success, *_counts(res)
+    return packer.unpack(res.x), success, *_counts(res), _status(success, res.x)
 
 
 def minimize_constrained(problem, x0: np.ndarray, *, method: str, options: dict):
@@ -301,10 +335,10 @@ def minimize_constrained(problem, x0: np.ndarray, *, method: str, options: dict)
         **without_trace(options),
     )
     if res is None:
-        return np.full(np.size(x0), np.nan), False, -1, -1
+        return np.full(np.size(x0), np.nan), False, -1, -1, SolverStatus.SOLVER_FAILED
     note(res.message)
     success = bool(res.success) and bool(np.all(np.isfinite(res.x)))
-    return res.x, success, *_counts(res)
+    return res.x, success, *_counts(res), _status(success, res.x)
 
 
 def root(
@@ -336,9 +370,9 @@ def root(
         **without_trace(options),
     )
     if res is None:
-        return packer.failed(), False, -1, -1
+        return packer.failed(), False, -1, -1, SolverStatus.SOLVER_FAILED
     success = _root_success(method, res, fun, use_jac)
-    return packer.unpack(res.x), success, *_counts(res)
+    return packer.unpack(res.x), success, *_counts(res), _status(success, res.x)
 
 
 def _root_success(method: str, res, fun, use_jac: bool) -> bool:
@@ -354,8 +388,8 @@ def _root_success(method: str, res, fun, use_jac: bool) -> bool:
         return False
     try:
         F = fun(res.x)
-    except _SOLVER_ERRORS as err:
-        note(f"{res.message}; the residual at the returned point raised {type(err).__name__}")
+    except ProblemUndefined as err:
+        note(f"{res.message}; the residual at the returned point raised {err}")
         return False
     residual = float(np.max(np.abs(F[0] if use_jac else F), initial=0.0))
     if residual <= ROOT_RESIDUAL_TOL:
@@ -371,7 +405,7 @@ def _root_success(method: str, res, fun, use_jac: bool) -> bool:
 def _square(F: np.ndarray, z: np.ndarray) -> np.ndarray:
     """F, if it has as many elements as the unknowns z (sizes known only at run time)."""
     if F.size != z.size:
-        raise ValueError(
+        raise ProblemUndefined(
             f"the equations have {F.size} elements at these parameters, for {z.size} unknowns "
             "(a square system is needed)"
         )
@@ -389,11 +423,11 @@ def _scalar_result(res, dtype, *, root: str, converged: str, message: str, count
     `root`, `converged` and `message` name the result's attributes, which differ between
     scipy's ``minimize_scalar`` and ``root_scalar``."""
     if res is None:
-        return [np.asarray(np.nan, dtype=dtype)], False, -1, -1
+        return [np.asarray(np.nan, dtype=dtype)], False, -1, -1, SolverStatus.SOLVER_FAILED
     note(getattr(res, message))
     z = getattr(res, root)
     success = bool(getattr(res, converged)) and bool(np.isfinite(z))
-    return [np.asarray(z, dtype=dtype)], success, *counts(res)
+    return [np.asarray(z, dtype=dtype)], success, *counts(res), _status(success, z)
 
 
 # minimize_scalar and root_scalar are parallel on purpose (a duplicate-code scan pairs them): the

@@ -16,6 +16,7 @@ from pymc_optim.backends.packing import Packer
 from pymc_optim.backends.scipy import callbacks as _scipy
 from pymc_optim.graph.inner_graph import InnerProblem
 from pymc_optim.graph.solver_op import SolverOp
+from pymc_optim.graph.status import SolverStatus
 from pymc_optim.implicit import OptimalityCondition
 
 if TYPE_CHECKING:
@@ -106,14 +107,15 @@ class ConstrainedMinimizeOp(SolverOp):
     def solve(self, fns, x0s, params, extras):
         x0, zero_multipliers = x0s[0], list(x0s[1:])
         problem = _NumericalProblem(self._kkt, fns, x0, zero_multipliers, params)
-        x_hat, success, nit, nfev = _scipy.minimize_constrained(
+        x_hat, success, nit, nfev, status = _scipy.minimize_constrained(
             problem, x0, method=self.method, options=self.options
         )
         if success:
             z, success = problem.polish(x_hat)
+            status = SolverStatus.CONVERGED if success else SolverStatus.SOLVER_FAILED
         else:
             z = [problem.x(x_hat), *zero_multipliers]
-        return z, success, nit, nfev
+        return z, success, nit, nfev, status
 
 
 class _NumericalProblem:

@@ -21,6 +21,7 @@ from pytensor.tensor.variable import TensorVariable
 from pymc_optim.backends.scipy import callbacks as _scipy
 from pymc_optim.graph.inner_graph import InnerProblem
 from pymc_optim.graph.solver_op import SolverOp
+from pymc_optim.graph.status import SolverStatus
 from pymc_optim.graph.trace import note
 from pymc_optim.implicit import OptimalityCondition
 
@@ -127,7 +128,7 @@ class MinimizeOp(SolverOp):
         return fns
 
     def solve(self, fns, x0s, params, extras):
-        x_stars, success, n_iterations, n_evaluations = _scipy.minimize(
+        x_stars, success, n_iterations, n_evaluations, status = _scipy.minimize(
             fns,
             x0s,
             params,
@@ -144,8 +145,8 @@ class MinimizeOp(SolverOp):
                     "refused: the Hessian at x* is not positive definite (a saddle, a maximum, "
                     "or a flat direction without an implicit derivative)"
                 )
-                success = False
-        return x_stars, success, n_iterations, n_evaluations
+                success, status = False, SolverStatus.NOT_POSITIVE_DEFINITE
+        return x_stars, success, n_iterations, n_evaluations, status
 
 
 class RootOp(SolverOp):
@@ -227,7 +228,7 @@ class MinimizeScalarOp(SolverOp):
         if bracket is None and self.method != "bounded":
             bracket = (float(x0), float(x0) + 1.0)
         bounds = tuple(float(b) for b in params[-2:]) if self.inner_bounds else None
-        x_stars, success, nit, nfev = _scipy.minimize_scalar(
+        x_stars, success, nit, nfev, status = _scipy.minimize_scalar(
             fns,
             x0,
             params,
@@ -238,7 +239,7 @@ class MinimizeScalarOp(SolverOp):
         )
         if bounds is not None and success:
             x_stars = [self._snap_to_bound(fns["slope"], x_stars[0], params, bounds)]
-        return x_stars, success, nit, nfev
+        return x_stars, success, nit, nfev, status
 
     def _bound_tol(self, bound):
         """How close to `bound` (a number or a variable) a minimum on it may be left by scipy."""
