@@ -256,7 +256,7 @@ class RW:
         the (centred) linear trend: INLA's ``constr=TRUE`` (plus, for RW2, the linear
         constraint INLA leaves to ``extraconstr``), so the density is N(0, σ² (DᵀD)⁺) on that
         (N − k)-dimensional subspace, normalised with ½ log det*(DᵀD)
-        (= ½ log det(AAᵀ) − log |det A_R|, R the first k indices). It is sampled through
+        (= ``½ log det(AAᵀ) − log |det A_R|``, R the first k indices). It is sampled through
         :class:`NullSpaceTransform`, and :func:`pymc_optim.marginalize_laplace` integrates over
         the subspace exactly by conditioning by kriging, keeping H sparse. The same model as
         ``"anchored"`` up to an intercept (and a linear trend), which the model should carry.
