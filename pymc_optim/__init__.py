@@ -7,6 +7,7 @@ from pymc_optim._deferred import after_import
 from pymc_optim._warnings import PymcOptimWarning
 from pymc_optim.backends import vectorize as _vectorize  # noqa: F401  (native batching)
 from pymc_optim.graph.diagnostics import SolverInfo, solution_info, solver_trace
+from pymc_optim.graph.status import SolverStatus
 from pymc_optim.graph.trace import SolveTrace
 from pymc_optim.model.agents import Equilibrium, Optimum
 from pymc_optim.model.failure import CountingNUTS, failure_summary
@@ -35,6 +36,7 @@ __all__ = [
     "PymcOptimWarning",
     "SolveTrace",
     "SolverInfo",
+    "SolverStatus",
     "disable_rewrites",
     "enable_rewrites",
     "failure_summary",

@@ -83,8 +83,7 @@ class NewtonOp(SolverOp):
     #: numba loops (JAX takes plain Newton steps).
     sequential = False
 
-    # One attribute per option, as the scipy Ops store theirs (backends/scipy/ops.py): a
-    # duplicate-code scan pairs the attribute lists, which share nothing but their shape.
+    # One attribute per option, as the scipy Ops store theirs (backends/scipy/ops.py).
     def __init__(
         self,
         problem: InnerProblem,

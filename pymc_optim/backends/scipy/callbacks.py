@@ -430,9 +430,9 @@ def _scalar_result(res, dtype, *, root: str, converged: str, message: str, count
     return [np.asarray(z, dtype=dtype)], success, *counts(res), _status(success, z)
 
 
-# minimize_scalar and root_scalar are parallel on purpose (a duplicate-code scan pairs them): the
-# two scipy routines take different arguments and name their results differently; what they
-# share, the float wrapper and the result tail, is `_scalar_fn` and `_scalar_result`.
+# minimize_scalar and root_scalar are parallel on purpose: the two scipy routines take different
+# arguments and name their results differently; what they share, the float wrapper and the
+# result tail, is `_scalar_fn` and `_scalar_result`.
 def minimize_scalar(
     fns: dict,
     x0: np.ndarray,

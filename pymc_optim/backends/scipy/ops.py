@@ -57,8 +57,7 @@ _SQRT_EPS = float(np.sqrt(np.finfo("float64").eps))
 _CURVATURE_TOL = 1.5e-8
 
 
-# Each Op keeps its options as attributes, one line each, as NewtonOp does (a duplicate-code scan
-# pairs these attribute lists).
+# Each Op keeps its options as attributes, one line each, as NewtonOp does.
 class MinimizeOp(SolverOp):
     """x* = argminₓ f(x, θ) by :func:`scipy.optimize.minimize`; see :func:`minimize`."""
 
