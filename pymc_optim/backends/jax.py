@@ -25,7 +25,12 @@ from pymc_optim.backends.iterations import (
 )
 from pymc_optim.backends.newton import NewtonOp, problem_rows
 from pymc_optim.backends.packing import Packer
-from pymc_optim.graph.failure_ops import FAILED_EVALUATIONS, CountFailures, WarnOnFailure
+from pymc_optim.graph.failure_ops import (
+    CountFailures,
+    WarnOnFailure,
+    first_failure_code,
+    record_failure,
+)
 from pymc_optim.graph.solver_op import SolverOp, inner_mode
 from pymc_optim.graph.status import SolverStatus
 from pymc_optim.implicit import implicit_pullback
@@ -42,8 +47,9 @@ def _refuse_callback_solvers(op, node=None, **kwargs):
     )
 
 
-def _on_failure(callback, success):
-    """A 0-d zero computed by ``callback(success)`` on the host when some solve failed.
+def _on_failure(callback, success, *operands):
+    """A 0-d zero computed by ``callback(success, *operands)`` on the host when some solve
+    failed.
 
     A host callback costs about a millisecond per call on CPU (the Finland marginal: 3.5 → 2.0
     ms per logp), more than the solve it reports on, so a successful solve makes none. It is a
@@ -51,19 +57,21 @@ def _on_failure(callback, success):
     taken, costs the whole function its runtime token. XLA removes a pure callback whose result
     nobody uses, so the callers fold the zero into their output.
     """
-    success = jax.lax.stop_gradient(success)  # a boolean; under autodiff a tracer all the same
+    # booleans and integer codes; under autodiff tracers all the same
+    success, *operands = (jax.lax.stop_gradient(value) for value in (success, *operands))
 
-    def report(s):
-        callback(s)
+    def report(*values):
+        callback(*values)
         return np.zeros((), np.float64)
 
     return jax.lax.cond(
         jnp.all(success),
-        lambda s: jnp.zeros((), jnp.float64),
-        lambda s: jax.pure_callback(
-            report, jax.ShapeDtypeStruct((), jnp.float64), s, vmap_method="sequential"
+        lambda *values: jnp.zeros((), jnp.float64),
+        lambda *values: jax.pure_callback(
+            report, jax.ShapeDtypeStruct((), jnp.float64), *values, vmap_method="sequential"
         ),
         success,
+        *operands,
     )
 
 
@@ -85,14 +93,15 @@ def _warn_on_failure(op, node=None, **kwargs):
 
 @jax_funcify.register(CountFailures)
 def _count_failures(op, node=None, **kwargs):
-    """`success` passed through; a failure is counted in this process, as in `perform`."""
+    """`success` passed through; a failure is counted in this process, as in `perform` (by the
+    reason of the optional `status` input's first nonzero code)."""
 
-    def count(success):
+    def count(success, status=None):
         if not bool(success):
-            FAILED_EVALUATIONS[op.label] += 1
+            record_failure(op.label, 0 if status is None else first_failure_code(status))
 
-    def passthrough(success):
-        return success & (_on_failure(count, success) == 0)
+    def passthrough(success, *status):
+        return success & (_on_failure(count, success, *status) == 0)
 
     return passthrough
 

@@ -1000,17 +1000,35 @@ def _fixed_point_numba(op: FixedPointOp, node=None, **kwargs):
 @register_funcify_and_cache_key(CountFailures)
 def _count_failures_numba(op: CountFailures, node=None, **kwargs):
     """`success` passed through; a failure is counted in this process, as in `perform`, through
-    `numba_runtime.count_failure` (a call into Python only when a solve failed). No object
+    `numba_runtime.count_failure` (a call into Python only when a solve failed) with the first
+    nonzero code of the optional `status` input (0 without one: reason unknown). No object
     mode: the compiled log density stays cacheable on disk."""
     key = failure_key(op.label)
+    with_status = node is not None and len(node.inputs) > 1
 
-    @_njit
-    def count_failures(success):
-        if not success.item():
-            count_failure(key)
-        return success
+    if with_status:
 
-    return count_failures, sha256(f"CountFailures {key} {_SOURCE_KEY}".encode()).hexdigest()
+        @_njit
+        def count_failures(success, status):
+            if not success.item():
+                code = 0
+                for i in range(status.size):
+                    if status.flat[i] != 0:
+                        code = status.flat[i]
+                        break
+                count_failure(key, code)
+            return success
+
+    else:
+
+        @_njit
+        def count_failures(success):
+            if not success.item():
+                count_failure(key, 0)
+            return success
+
+    cache_key = f"CountFailures {key} {with_status} {_SOURCE_KEY}"
+    return count_failures, sha256(cache_key.encode()).hexdigest()
 
 
 @register_funcify_and_cache_key(WarnOnFailure)

@@ -29,7 +29,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from pymc_optim._warnings import PymcOptimWarning
-from pymc_optim.graph.failure_ops import FAILED_EVALUATIONS
+from pymc_optim.graph.failure_ops import record_failure
 from pymc_optim.linalg import _cholesky
 
 __all__ = [
@@ -156,8 +156,8 @@ def failure_key(label: str) -> int:
     return key
 
 
-def _count(key: int) -> int:
-    FAILED_EVALUATIONS[_LABELS.get(key, "a compiled solve")] += 1
+def _count(key: int, code: int) -> int:
+    record_failure(_LABELS.get(key, "a compiled solve"), code)
     return 0
 
 
@@ -167,8 +167,9 @@ def _warn(key: int) -> int:
     return 0
 
 
-#: ``count_failure(failure_key(label))`` (numba code only): one failed evaluation under label,
-#: in `FAILED_EVALUATIONS`, as `CountFailures.perform` counts it.
-count_failure = _python_callable("count_failure", _count, 1)
+#: ``count_failure(failure_key(label), code)`` (numba code only): one failed evaluation under
+#: label, in `FAILED_EVALUATIONS` and under the reason of the `SolverStatus` `code` of its first
+#: failed solve (0: unknown), as `CountFailures.perform` counts it.
+count_failure = _python_callable("count_failure", _count, 2)
 #: ``warn_failure(failure_key(message))`` (numba code only): `WarnOnFailure.perform`'s warning.
 warn_failure = _python_callable("warn_failure", _warn, 1)

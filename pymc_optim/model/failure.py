@@ -24,6 +24,11 @@ chain, rejected proposals included, exact with any number of cores. Sample with
 ``pm.sample(step=pmo.CountingNUTS())`` and call ``pmo.failure_summary(idata)``; without the
 statistic, the summary falls back to divergences (an upper bound on rejected failures) and to
 the recorded success flags of accepted draws.
+
+Each failed evaluation is also counted under one reason: the `SolverStatus` of the first failed
+solve behind the flag (:func:`apply_failure_policy` finds the solver Ops that computed it), or
+``"unknown"`` when no solver Op did. :class:`CountingNUTS` records these as
+``failed_solves_<reason>``, which sum to ``failed_solves``.
 """
 
 from __future__ import annotations
@@ -32,17 +37,22 @@ import warnings
 
 import numpy as np
 import pymc as pm
+import pytensor.scalar as ps
 import pytensor.tensor as pt
 from pytensor.raise_op import Assert
+from pytensor.tensor.elemwise import CAReduce, DimShuffle, Elemwise
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_optim._warnings import PymcOptimWarning
 from pymc_optim.graph.failure_ops import (
     FAILED_EVALUATIONS,
+    FAILED_EVALUATIONS_BY_REASON,
+    FAILURE_REASONS,
     CountFailures,
     WarnOnFailure,
     count_failures,
 )
+from pymc_optim.graph.solver_op import SolverOp
 from pymc_optim.model._idata import require_group
 
 __all__ = [
@@ -60,6 +70,9 @@ __all__ = [
 ON_FAILURE = ("reject", "raise", "warn")
 #: Name of the sampler statistic written by `CountingNUTS`.
 FAILED_SOLVES_STAT = "failed_solves"
+#: Names of its statistics by reason (``failed_solves_max_iter``, ...), which sum to it: one
+#: int64 scalar each, so ArviZ gives them no extra dimension.
+REASON_STATS = {reason: f"{FAILED_SOLVES_STAT}_{reason}" for reason in FAILURE_REASONS}
 
 
 def check_on_failure(on_failure: str) -> str:
@@ -83,7 +96,8 @@ def apply_failure_policy(
     the solve ("the inner solve of the Laplace marginal did not converge"). Failed
     evaluations are counted under `label` (default: `message`)."""
     check_on_failure(on_failure)
-    success = count_failures(pt.all(success), message if label is None else label)
+    status = solve_status(success)
+    success = count_failures(pt.all(success), message if label is None else label, status)
     if on_failure == "reject":
         return pt.switch(success, term, -np.inf)
     if on_failure == "raise":
@@ -115,13 +129,53 @@ def guard_solution(
     return apply_failure_policy(x_star, success, on_failure, message, label=label), None
 
 
+def solve_status(success: TensorVariable) -> TensorVariable | None:
+    """The `SolverStatus` codes behind a success flag, flattened into one int64 vector in the
+    order of the solves; None when some part of the flag was not computed by a solver Op.
+
+    `success` is a solver Op's success output (vectorized or not), or one derived from such
+    outputs by ``pt.all``, ``&`` and reshaping (a constrained mode's two solves); the status is
+    that node's last output, after the counters.
+    """
+    statuses = []
+    pending = [success]
+    while pending:
+        var = pending.pop()  # depth first, left to right: the order of the flags
+        node = var.owner
+        if node is None:
+            return None
+        op = node.op
+        core = getattr(op, "core_op", op)  # a vectorized solve wraps its Op in a Blockwise
+        if isinstance(core, SolverOp):
+            # outputs: [*x_stars, success, n_iterations, n_evaluations, status]
+            if node.outputs.index(var) != len(node.outputs) - 4:
+                return None
+            statuses.append(node.outputs[-1].ravel())
+        elif isinstance(op, DimShuffle) or (
+            isinstance(op, CAReduce | Elemwise) and isinstance(op.scalar_op, ps.AND)
+        ):
+            pending.extend(reversed(node.inputs))
+        else:
+            return None
+    return statuses[0] if len(statuses) == 1 else pt.concatenate(statuses)
+
+
 def _total_failed_evaluations() -> int:
     return sum(FAILED_EVALUATIONS.values())
 
 
+def _failed_evaluations_by_reason() -> dict[str, int]:
+    by_reason = dict.fromkeys(FAILURE_REASONS, 0)
+    for (_, reason), count in list(FAILED_EVALUATIONS_BY_REASON.items()):
+        by_reason[reason] += count
+    return by_reason
+
+
 class CountingNUTS(pm.NUTS):
     """PyMC's NUTS that also records ``failed_solves``: the inner solves of the model that
-    failed during each iteration (rejected proposals included).
+    failed during each iteration (rejected proposals included), and the same by reason as
+    ``failed_solves_<reason>`` (``max_iter``, ``nonfinite``, ..., ``unknown``: the names of
+    `SolverStatus`), which sum to ``failed_solves``.
 
     Use as ``pm.sample(step=pmo.CountingNUTS())`` (it takes NUTS's arguments) and read the
     counts with :func:`pymc_optim.failure_summary`. The statistic is exact with any number of
@@ -130,12 +184,20 @@ class CountingNUTS(pm.NUTS):
     """
 
     name = "counting_nuts"
-    stats_dtypes_shapes = {**pm.NUTS.stats_dtypes_shapes, FAILED_SOLVES_STAT: (np.int64, [])}
+    stats_dtypes_shapes = {
+        **pm.NUTS.stats_dtypes_shapes,
+        FAILED_SOLVES_STAT: (np.int64, []),
+        **{name: (np.int64, []) for name in REASON_STATS.values()},
+    }
 
     def astep(self, q0):
         before = _total_failed_evaluations()
+        before_by_reason = _failed_evaluations_by_reason()
         q, stats = super().astep(q0)
         stats[0][FAILED_SOLVES_STAT] = _total_failed_evaluations() - before
+        after_by_reason = _failed_evaluations_by_reason()
+        for reason, name in REASON_STATS.items():
+            stats[0][name] = after_by_reason[reason] - before_by_reason[reason]
         return q, stats
 
 
@@ -163,7 +225,10 @@ def failure_summary(idata, *, threshold: float = 0.01, warn: bool = True):
         rejected ones included; -1 without the statistic); ``draws_with_failures`` (draws
         whose iteration hit one); ``divergences``; ``unsolved_draws`` (accepted draws whose
         recorded success flag, a ``*_success`` or ``*_solved`` variable of the posterior, is
-        False: possible only under ``on_failure="warn"``).
+        False: possible only under ``on_failure="warn"``); then, with the statistic, one
+        column ``failed_<reason>`` per reason that occurred in some chain (``failed_max_iter``,
+        ``failed_nonfinite``, ..., ``failed_unknown``, in `SolverStatus` order), which sum to
+        ``failed_solves``.
 
     Examples
     --------
@@ -220,6 +285,11 @@ def failure_summary(idata, *, threshold: float = 0.01, warn: bool = True):
         },
         index=pd.Index(range(n_chains), name="chain"),
     )
+    for reason, name in REASON_STATS.items():
+        if has_count and name in stats:
+            by_chain = stats[name].values.reshape(n_chains, n_draws).sum(1)
+            if by_chain.any():
+                summary[f"failed_{reason}"] = by_chain
     if warn:
         _warn_if_frequent(summary, has_count, threshold)
     return summary

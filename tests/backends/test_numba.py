@@ -448,3 +448,44 @@ def test_sequential_solve_takes_the_same_chord_steps_under_numba():
         iterations.append(int(got[3]))
     # continued solves converge on chord steps alone (no Newton iteration); cold ones do not
     assert all(n > 0 for n in iterations[::4]) and 0 in iterations
+
+
+def test_failure_counting_by_reason_is_native():
+    """Under numba the count of a policy's flag carries its solve's status: each failed
+    evaluation once under the reason of its first failed solve, as `perform` counts it, from
+    a `CountFailures` node that has the status as its second input."""
+    from pymc_optim.graph.failure_ops import CountFailures
+    from pymc_optim.model.failure import (
+        FAILED_EVALUATIONS,
+        FAILED_EVALUATIONS_BY_REASON,
+        apply_failure_policy,
+    )
+
+    a, x = pt.scalar("a"), pt.scalar("x")
+    quadratic = (x - a) ** 2
+    # NaN for a > 1 ("nonfinite"); for a < -1 a quartic that Newton does not finish in 3
+    # iterations from 0 ("max_iter"); between them a quadratic, solved in one step
+    objective = pt.switch(a > 1.0, np.nan, pt.switch(a < -1.0, quadratic**2 + quadratic, quadratic))
+    x_star, success = pmo.minimize(
+        objective, x, x0=0.0, method="newton", optimizer_kwargs={"max_iter": 3}
+    )
+    label = "test_failure_counting_by_reason_is_native"
+    term = apply_failure_policy(
+        -(x_star**2), success, "reject", "the test solve failed", label=label
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fn = pytensor.function([a], term, mode="NUMBA")
+        assert not object_mode_warnings(caught)
+    counts = [node for node in fn.maker.fgraph.apply_nodes if isinstance(node.op, CountFailures)]
+    assert [len(node.inputs) for node in counts] == [2]
+
+    def by_reason():
+        return {r: n for (lab, r), n in FAILED_EVALUATIONS_BY_REASON.items() if lab == label}
+
+    total, before = FAILED_EVALUATIONS[label], by_reason()
+    values = [float(fn(v)) for v in [-2.0, 0.5, 2.0, -1.5, 3.0]]
+    assert values[1] == -0.25 and np.isneginf([values[i] for i in (0, 2, 3, 4)]).all()
+    increments = {r: n - before.get(r, 0) for r, n in by_reason().items()}
+    assert {r: n for r, n in increments.items() if n} == {"max_iter": 2, "nonfinite": 2}
+    assert FAILED_EVALUATIONS[label] - total == 4
