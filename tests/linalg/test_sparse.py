@@ -857,11 +857,11 @@ def test_chord_steps_reuse_the_last_factor_and_reach_the_newton_solution(monkeyp
     a = 1.0 + np.arange(m * m) % 3
     structure, problem = softplus_grid(m)
     kwargs = {"structure": structure, "minimization": True, "tol": tol, "max_iter": 50}
-    z_a, ok, _, _ = iterations.newton(*problem(a), np.zeros(m * m), **kwargs)
+    z_a, ok, *_ = iterations.newton(*problem(a), np.zeros(m * m), **kwargs)
     assert ok.all()
     reference = problem(a)[0](z_a)[2]
     system, merit = problem(a + 0.05)
-    expected, ok, _, cold_evaluations = iterations.newton(system, merit, z_a, **kwargs)
+    expected, ok, _, cold_evaluations, _ = iterations.newton(system, merit, z_a, **kwargs)
     assert ok.all()
     calls = []
     original = _cholesky.factorize
@@ -869,7 +869,7 @@ def test_chord_steps_reuse_the_last_factor_and_reach_the_newton_solution(monkeyp
     for chord, newton_steps in [(reference, False), (100 * reference, True)]:
         structure.solve_numpy(chord, np.ones(m * m))  # the chord matrix's factor, cached
         calls.clear()
-        z, ok, _, n_evaluations = iterations.newton(
+        z, ok, _, n_evaluations, _ = iterations.newton(
             system, merit, z_a, chord=chord, final_step=False, **kwargs
         )
         _, F, A = system(z)
