@@ -105,6 +105,7 @@ def poisson_walk():
     ],
     ids=["diagonal", "dense", "block_diagonal", "auto-block", "dense-walk"],
 )
+@pytest.mark.slow
 def test_laplace_marginal_gradient(build, structure, block_size):
     marginal = pmo.marginalize_laplace(
         build(), "u", hessian_structure=structure, block_size=block_size

@@ -30,6 +30,7 @@ def test_scaling_factor_is_the_geometric_mean_of_the_icar_marginal_variances():
     np.testing.assert_allclose(icar_scaling_factor(edges, 3), (5 * 2 * 5 / 9**3) ** (1 / 3))
 
 
+@pytest.mark.slow
 def test_bym2_laplace_marginal_takes_the_sparse_path():
     """ "auto" reads the BYM2 Hessian's pattern (grounded graph Laplacian on φ, diagonal on θ,
     the φ_i–θ_i couplings) off the model graph."""

@@ -93,6 +93,7 @@ def test_bellman_operator_matches_numpy(P):
     np.testing.assert_allclose(value, numpy_bellman(ev, rc, theta11, P, 0.9999), rtol=1e-14)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("beta", [0.9999, 0.99, 0.0])
 @pytest.mark.parametrize("relative", [True, False], ids=["relative", "absolute"])
 def test_newton_solves_the_bellman_equation_to_1e_10(P, beta, relative):
@@ -108,6 +109,7 @@ def test_newton_solves_the_bellman_equation_to_1e_10(P, beta, relative):
         np.testing.assert_allclose(ev_value, reference, rtol=1e-12, atol=1e-10)
 
 
+@pytest.mark.slow
 def test_value_iteration_and_anderson_agree_with_newton_at_moderate_beta(P):
     """β = 0.9: plain iteration converges (in ~250 sweeps); all three methods give one EV."""
     rc, theta11 = pt.dscalars("rc", "theta11")
@@ -150,6 +152,7 @@ def test_failure_is_reported_not_raised(P):
 # --- the likelihood's implicit gradient -----------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("relative", [True, False], ids=["relative", "absolute"])
 def test_loglik_gradient_matches_analytic_nfxp_and_finite_differences(data, P, relative):
     theta = pt.vector("theta", shape=(2,))
@@ -170,6 +173,7 @@ def test_loglik_gradient_matches_analytic_nfxp_and_finite_differences(data, P, r
     np.testing.assert_allclose(gradient, fd, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_pymc_model_logp_is_the_choice_likelihood(data, P):
     model = rust_model(data, 0.9999, flat_priors=True)
     point = {"RC_log__": np.log(9.0), "theta11_log__": np.log(2.6)}

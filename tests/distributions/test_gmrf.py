@@ -325,6 +325,7 @@ def test_icar_logp_cost_is_linear_no_dense_matrix():
     assert np.isfinite(f(x, 1.0)[0])
 
 
+@pytest.mark.slow
 def test_icar_corner_constraint_density_draws_and_sparse_laplace():
     import pymc_optim as pmo
 

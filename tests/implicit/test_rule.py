@@ -442,14 +442,18 @@ def test_same_solution_and_gradients_as_the_upstream_ops(problem, solve):
 
 
 def _failed_solve_cases():
+    # numba compiles the Newton loop (a minute with empty caches): left to the full suite
+    slow = {"NUMBA": [pytest.mark.slow]}
     for mode in ("FAST_RUN", "FAST_COMPILE", "NUMBA"):
-        yield pytest.param("BFGS", "dense", mode, id=f"BFGS-{mode}")
+        yield pytest.param("BFGS", "dense", mode, id=f"BFGS-{mode}", marks=slow.get(mode, ()))
     for mode in ("FAST_RUN", "FAST_COMPILE", "NUMBA", "JAX"):
-        yield pytest.param("newton", "dense", mode, id=f"newton-dense-{mode}")
+        yield pytest.param(
+            "newton", "dense", mode, id=f"newton-dense-{mode}", marks=slow.get(mode, ())
+        )
     yield pytest.param("newton", "block_diagonal", "FAST_RUN", id="newton-block_diagonal-FAST_RUN")
 
 
-@pytest.mark.parametrize(("method", "structure", "mode"), _failed_solve_cases())
+@pytest.mark.parametrize(("method", "structure", "mode"), list(_failed_solve_cases()))
 def test_the_gradient_of_a_failed_solve_is_nan_shaped_like_the_parameter(method, structure, mode):
     # sqrt(b) is NaN for b < 0: the solve fails at a NaN iterate, A = ∇²f is NaN, and the
     # implicit solve must give NaN of the parameter's shape (4,), not of A's (4, 4).

@@ -350,6 +350,7 @@ def gmrf_poisson_model(m, seed=0):
     return model, edges
 
 
+@pytest.mark.slow
 def test_marginalize_laplace_sparse_matches_dense_and_recovers_latent():
     model, edges = gmrf_poisson_model(6)
     structure = SparseStructure.from_edges(edges)
@@ -542,6 +543,7 @@ def _compiled_ops(fn):
     return {type(node.op).__name__ for node in fn.f.maker.fgraph.apply_nodes}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("build", ["icar_corner", "gmrf", "pm_car"])
 def test_auto_finds_the_sparse_hessian_of_gmrf_models(build):
     """A user's GMRF model, written plainly, gets the sparse path from "auto": the structure,
@@ -581,6 +583,7 @@ def test_auto_finds_the_sparse_hessian_of_gmrf_models(build):
     np.testing.assert_allclose(dlogp(point), dense_model.compile_dlogp()(point), rtol=RTOL)
 
 
+@pytest.mark.slow
 def test_hessian_structure_sparse_string_forces_the_sparse_path_at_any_size():
     model = icar_poisson_model(4)  # 15 free values: "auto" keeps these dense
     assert pmo.laplace_info(pmo.marginalize_laplace(model, "x")).structure.kind == "dense"

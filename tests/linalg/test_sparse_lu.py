@@ -108,6 +108,7 @@ def test_the_read_pattern_is_the_jacobians():
     np.testing.assert_array_equal(read, (J != 0) | np.eye(n, dtype=bool))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", [None, "NUMBA"])
 def test_root_and_fixed_point_on_a_sparse_jacobian_equal_the_dense_structure(mode):
     """Solutions, success and implicit gradients equal the dense structure's to 1e-12 (measured

@@ -110,6 +110,7 @@ def test_islands_get_one_constraint_per_component_and_stay_exact():
     assert_same_logp_and_gradient(marginal, oracle)
 
 
+@pytest.mark.slow
 def test_poisson_icar_kriged_on_the_sparse_factor_matches_the_dense_chart():
     """N = 300 (sparse by "auto", with the sparse Ops only): the exact constrained mode (Newton
     on the multiplier) gives the Laplace marginal of the n − 1 free coordinates to 1e-8 in
@@ -129,6 +130,7 @@ def test_poisson_icar_kriged_on_the_sparse_factor_matches_the_dense_chart():
     assert_same_logp_and_gradient(marginal, reference)
 
 
+@pytest.mark.slow
 def test_poisson_icar_dense_kriging_matches_the_dense_chart():
     n = 12
     edges = chain_edges(n)

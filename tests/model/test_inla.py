@@ -625,6 +625,7 @@ def test_poisson_random_intercepts_agree_with_nuts_on_the_marginal_model():
         assert abs(ours_sd - summary["sd"].iloc[0]) < sd_error
 
 
+@pytest.mark.slow
 def test_the_targets_success_flag_on_seeds():
     # The counting Op passed its input's buffer through without declaring the view, and an
     # inplace Op downstream overwrote it: the target returned success=False for a solve its own

@@ -110,6 +110,7 @@ def _assert_same_marginal(fn, reference_fn, points):
         assert_allclose(dlogp, expected_dlogp, rtol=0, atol=1e-8)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(PRIORS))
 def test_marginal_equals_the_general_path_and_takes_the_fast_one(kind):
     model = _model(kind)
@@ -204,6 +205,7 @@ def test_recover_latent_draws_from_the_latent_gaussian_laplace_approximation():
     assert np.all(np.abs(shift) > 5 * np.sqrt(variance / n_draws))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["mvnormal_cov", "mvnormal_tau", "icar"])
 @pytest.mark.parametrize("mode", ["NUMBA", "JAX"])
 def test_marginal_is_the_same_under_numba_and_jax(kind, mode):
@@ -284,6 +286,7 @@ def _ops(fn):
     return [type(node.op).__name__ for node in fn._pytensor_function.maker.fgraph.toposort()]
 
 
+@pytest.mark.slow
 def test_gp_latent_named_by_its_deterministic_is_marginalized_in_the_covariance_form():
     """`pm.gp.Latent(...).prior("f", X)` makes a free `f_rotated_` v and a Deterministic
     f = cholesky(K) v: f ~ MvNormal(0, K). Marginalizing "f" takes the covariance form, as the
@@ -323,6 +326,7 @@ def test_gp_latent_named_by_its_deterministic_is_marginalized_in_the_covariance_
         ("finland", "compile_fn"),
     ],
 )
+@pytest.mark.slow
 def test_numba_compiles_a_gp_marginal_with_one_solve_and_one_factorization(data, compiled_by):
     """Under numba (PyTensor's default backend) the value, its gradient and the pullback share
     one solve, B's factor and B⁻¹, as in C, in the logp+gradient `pm.sample` compiles, the one
@@ -348,6 +352,7 @@ def test_numba_compiles_a_gp_marginal_with_one_solve_and_one_factorization(data,
     assert ops.count("Cholesky") == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["f", "f_hsgp_coeffs"])
 def test_hsgp_latent_is_marginalized_through_its_coefficients(name):
     """`pm.gp.HSGP(...).prior("f", X)`: f = Φ (√S ⊙ β), β ~ N(0, I) of m = 8 < n = 12 basis
@@ -383,6 +388,7 @@ def _poisson_mode(B, offset, precision, counts):
     return beta, precision + B.T @ (rate[:, None] * B)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["latent", "hsgp"])
 def test_recover_latent_returns_the_gp_under_its_name(kind):
     """At fixed (ell, eta), `recover_latent` draws f from the Laplace approximation N(f*, Σ)
@@ -471,6 +477,7 @@ def test_unsupported_gp_parts_say_what_works():
         pmo.marginalize_laplace(nonlinear, "rate")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["NUMBA", "JAX"])
 def test_basis_form_is_the_same_under_numba_and_jax(mode):
     """The basis form's A = I + Bᵀ diag(w) B is an ordinary graph inside the Newton loop:

@@ -421,6 +421,7 @@ def test_a_quartic_minimum_still_succeeds():
     assert_allclose(x_value, 0.2, atol=0.05)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [200, 300, 3000])
 def test_a_scipy_method_on_a_chain_coupled_objective_solves_with_the_default_structure(n):
     """structure="auto" picks a sparse Hessian from n = 256 on; scipy's curvature test at x*
