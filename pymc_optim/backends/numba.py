@@ -96,6 +96,9 @@ __all__: list[str] = []
 
 #: The loops compare floats exactly as numpy does: no fast-math reassociation in them.
 _njit = functools.partial(numba_njit, fastmath=False)
+#: The solver's levels (adapters, loop, driver, canonical step) are inlined into ``solver`` in
+#: numba's IR: one library, which LLVM optimizes and compiles to machine code once.
+_inlined = functools.partial(numba_njit, fastmath=False, inline="always")
 
 #: The `SolverStatus` codes as plain ints: numba freezes them into the loops as constants.
 _CONVERGED, _MAX_ITER, _NONFINITE, _LINE_SEARCH_FAILED, _NOT_POSITIVE_DEFINITE, _SINGULAR = (
@@ -323,7 +326,7 @@ def _newton_loop(
         system, solve, finite_jacobian, minimization=minimization, tol=tol, enabled=chord
     )
 
-    @_njit
+    @_inlined
     def newton(z, args, rows, reference):
         n_problems = rows.shape[0]
         owner = np.empty(z.size, dtype=np.int64)
@@ -481,13 +484,13 @@ def _chord_steps_function(system, solve, finite_jacobian, *, minimization, tol, 
     when not `enabled` or `reference` does not have A's size)."""
     if not enabled:
 
-        @_njit
+        @_inlined
         def no_chord_steps(z, m, F, A, reference, args, owner):
             return z, m, F, A, 0
 
         return no_chord_steps
 
-    @_njit
+    @_inlined
     def chord_steps(z, m, F, A, reference, args, owner):
         n_evaluations = 0
         if reference.size == 0 or reference.size != A.size:
@@ -520,7 +523,7 @@ def _canonical_step_function(system, solve):
     """`newton.canonical_step` on B stacked problems: ``canonical(z, success, args, rows)`` →
     ``(z, n_evaluations)``."""
 
-    @_njit
+    @_inlined
     def canonical(z, success, args, rows):
         n_problems = rows.shape[0]
         if not np.any(success):
@@ -561,7 +564,7 @@ def _newton_driver(newton, canonical, *, warm_start: bool, sequential: bool, pre
     nothing = np.zeros(0)
     if sequential:
 
-        @_njit
+        @_inlined
         def solve_in_sequence(z0, args, rows, theta, continued):
             header = solver_buffer(key, 2)  # [a Jacobian is stored, its size]
             reference = nothing
@@ -582,14 +585,14 @@ def _newton_driver(newton, canonical, *, warm_start: bool, sequential: bool, pre
 
     if not warm_start:
 
-        @_njit
+        @_inlined
         def solve_cold(z0, args, rows, theta, continued):
             z, success, n_iterations, n_evaluations, status, _ = newton(z0, args, rows, nothing)
             return z, success, n_iterations, n_evaluations, status
 
         return solve_cold
 
-    @_njit
+    @_inlined
     def solve_warm(z0, args, rows, theta, continued):
         n, p = z0.size, theta.size
         state = solver_buffer(key, _WARM_HEADER + 2 * (p + n))
@@ -659,7 +662,7 @@ def _remember(state, theta, z):
 
 
 def _fixed_point_loop(update, *, tol: float, max_iter: int):
-    @_njit
+    @_inlined
     def fixed_point_iteration(z, args):
         for iteration in range(1, max_iter + 1):
             z_new = update(z, args)
@@ -676,7 +679,7 @@ def _fixed_point_loop(update, *, tol: float, max_iter: int):
 def _anderson_loop(update, *, tol: float, max_iter: int, memory: int = _ANDERSON_MEMORY):
     eps = np.finfo(np.float64).eps
 
-    @_njit
+    @_inlined
     def anderson(z, args):
         n = z.size
         g = update(z, args) - z
@@ -921,7 +924,7 @@ def _adapters(op: SolverOp, node, inputs, inner_outputs: dict):
     helpers = ["pack", "as_diagnostics", "failed_checks"]
     helpers += ["rows", "theta"] if isinstance(op, NewtonOp) else []
     for name in [*helpers, *inner_outputs]:
-        env[name] = _njit(compile_numba_function_src(src, name, env))
+        env[name] = _inlined(compile_numba_function_src(src, name, env))
     return env, src, keys
 
 
