@@ -116,7 +116,7 @@ def _stacked_structure(op: SolverOp) -> LinearStructure | None:
     static size of a single control (the block size); then the batch falls back to a loop.
     """
     structure = op.condition.structure
-    if structure.kind == "sparse":  # one block per problem, each on the one-problem pattern
+    if hasattr(structure, "stacked"):  # sparse: one block per problem on the one pattern
         return structure.stacked()
     # A built from parts (a latent Gaussian) has no stacked form stated: like a dense A, the
     # stack is block-diagonal, its blocks differentiated from F (the parts are not carried).

@@ -530,8 +530,9 @@ def _divisors(n: int) -> list[int]:
 
 
 def fits(inner: LinearStructure, outer: LinearStructure) -> bool:
-    """Whether every matrix with layout `inner` also has layout `outer`."""
-    if outer.kind == "dense" or inner.kind == "diagonal":
+    """Whether every matrix with layout `inner` also has layout `outer` (a low-rank update
+    structure was read off the graph that it is verified against)."""
+    if outer.kind in ("dense", "sparse_low_rank") or inner.kind == "diagonal":
         return True
     if outer.kind == "diagonal":
         return False
@@ -714,13 +715,19 @@ def sparse_hessian_structure(
 
     n = int(sum(sizes))
     triangle = n * (n + 1) // 2
-    if not required:
-        if n < SPARSE_MIN_SIZE or _cholesky.numba is None:
-            return None
-        budget = int(SPARSE_MAX_DENSITY * triangle)
-    else:
-        budget = triangle
+    if not required and (n < SPARSE_MIN_SIZE or _cholesky.numba is None):
+        return None
+    budget = int(SPARSE_MAX_DENSITY * triangle)
     found = _hessian_sparsity.hessian_pattern(objective, xs, sizes, budget)
+    if found is None:  # dense, or sparse but for a few sums of x: S + Jᵀ C J
+        from pymc_optim.linalg.low_rank import low_rank_hessian_structure
+
+        split = low_rank_hessian_structure(objective, xs, sizes, budget)
+        if split is not None:
+            flops = split.sparse.pattern._analysis().factor_flops
+            return split if required or flops <= SPARSE_MAX_DENSITY * n**3 / 3 else None
+    if found is None and required:
+        found = _hessian_sparsity.hessian_pattern(objective, xs, sizes, triangle)
     if found is None:
         if not required:
             return None

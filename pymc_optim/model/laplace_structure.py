@@ -17,6 +17,7 @@ from pymc_optim._modes import PYTHON_MODE
 from pymc_optim._progress import Progress
 from pymc_optim._warnings import PymcOptimWarning
 from pymc_optim.linalg import detect
+from pymc_optim.linalg.low_rank import LowRankUpdateStructure
 from pymc_optim.linalg.sparse import SparseStructure
 from pymc_optim.linalg.structure import LinearStructure
 from pymc_optim.model.laplace_joint import split
@@ -86,7 +87,7 @@ def choose_hessian_structure(
             detected = detect_hessian_structure(
                 model, latent_rvs, initial_point, requested, numeric=False
             )
-            if isinstance(detected, SparseStructure):
+            if isinstance(detected, SparseStructure | LowRankUpdateStructure):
                 structure = detected
         if structure is None:
             structure = latent_gaussian_structure(model, latent_rvs)
