@@ -8,11 +8,13 @@ Model: a ``pm.CustomDist`` ICAR as users write it, on a side × side grid (N = s
 pairwise differences −½ Σ_edges (φ_i − φ_j)² plus PyMC's soft sum-to-zero penalty
 −½ (Σφ / (0.001 N))², a rank-one term that makes the Hessian dense; y_i ~ Poisson(exp(b0 + φ_i)).
 Each row is one fresh process (peak resident memory is per process): ``marginalize_laplace``
-with defaults, then ``logp_dlogp_function`` (what ``pm.sample`` compiles) and one logp and
-gradient. Columns: the growth of the peak resident set size over the process's size before
-``marginalize_laplace`` (ru_maxrss), the same in units of 8 N² bytes (one N × N float64
-matrix), and the guard's estimate (``dense_memory_estimate`` for that backend). Keep the sides
-such that the peak stays well inside the machine's memory: the growth is ≈ 40 · 8 N² bytes.
+with ``hessian_structure="dense"`` ("auto" splits the penalty off as a rank-one update of a
+sparse H, `pymc_optim.linalg.low_rank`), then ``logp_dlogp_function`` (what ``pm.sample``
+compiles) and one logp and gradient. Columns: the growth of the peak resident set size over the
+process's size before ``marginalize_laplace`` (ru_maxrss), the same in units of 8 N² bytes (one
+N × N float64 matrix), and the guard's estimate (``dense_memory_estimate`` for that backend).
+Keep the sides such that the peak stays well inside the machine's memory: the growth is ≈ 40 · 8
+N² bytes.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ CHILD = textwrap.dedent(
     base = status("VmRSS")
     width = laplace_structure.latent_width(model, [phi], n)
     estimate = laplace_structure.dense_memory_estimate(LinearStructure("dense"), n, width=width)
-    marginal = pmo.marginalize_laplace(model, "phi")
+    marginal = pmo.marginalize_laplace(model, "phi", hessian_structure="dense")
     f = marginal.logp_dlogp_function(ravel_inputs=True)
     f.set_extra_values({})
     point = marginal.initial_point()

@@ -22,6 +22,7 @@ S⁻¹Jᵀ): O(nnz(L) k) per evaluation, nothing of size n × n.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -42,6 +43,7 @@ from pytensor.tensor.shape import Reshape, Shape, Shape_i, SpecifyShape
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_optim._modes import PYTHON_MODE
+from pymc_optim._warnings import PymcOptimWarning
 from pymc_optim.linalg import _cholesky
 from pymc_optim.linalg.sparse import SparseStructure
 from pymc_optim.linalg.structure import LinearStructure, _finite
@@ -420,7 +422,18 @@ def low_rank_hessian_structure(
             return None
         if any(r_tilde in above for r_tilde in held.values()):  # curved: part of C
             keep.append(reduction)
-    if not keep or len(keep) > MAX_RANK:
+    if len(keep) > MAX_RANK:
+        warnings.warn(
+            f"The Hessian couples every pair of elements of `{x.name or 'x'}` through {len(keep)} "
+            f"sums of it (e.g. a soft sum-to-zero penalty per connected component); a sparse "
+            f"plus low-rank Hessian takes at most {MAX_RANK} (pymc_optim.linalg.low_rank."
+            "MAX_RANK), so the Hessian is not split. Fewer sums (one penalty on the whole "
+            "field, or an exact sum-to-zero constraint) keep it sparse.",
+            PymcOptimWarning,
+            stacklevel=2,
+        )
+        return None
+    if not keep:
         return None
     objective = graph_replace(objective, {r: held[r] for r in keep}, strict=False)
     J = _loadings(keep, x, n)

@@ -185,8 +185,10 @@ def marginalize_laplace(
     ``SPARSE_MAX_DENSITY`` of a full triangle, and of the dense factorization's flops)
     gets the sparse layout: a GMRF prior (``pmo.distributions`` ICAR with
     ``constraint="corner"``, GMRF, pm.CAR, random walks) under an element-wise likelihood.
-    A soft sum-to-zero penalty (``pm.ICAR``, ICAR with ``constraint="soft"``) adds a rank-one
-    term that makes H dense, so those stay dense.
+    A term that sees the latent only through a few sums of it (the soft sum-to-zero penalty of
+    ``pm.ICAR`` and of ICAR with ``constraint="soft"``) adds a rank-k term to a sparse H: then
+    H = S + Jᵀ C J (:class:`pymc_optim.linalg.low_rank.LowRankUpdateStructure`), solved through
+    S's sparse factor with a Woodbury correction.
 
     A warm start changes where Newton starts, not what it returns. After max|∇ₓℓ| ≤ `tol`
     (1e-8 unless ``optimizer_kwargs`` says) Newton takes one more step with the Hessian it

@@ -2,16 +2,15 @@
 dense oracle, its detection on the graphs users write, and the solvers and Laplace marginals
 that use it."""
 
+import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pymc as pm
 import pytensor
 import pytensor.tensor as pt
 import pytest
-import scipy.linalg
-import scipy.sparse as sp
-import scipy.sparse.linalg as spla
 
 import pymc_optim as pmo
 from pymc_optim import PymcOptimWarning
@@ -171,6 +170,15 @@ def test_terms_not_separable_in_the_sum_or_linear_in_it_are_not_cut():
     assert type(found) is SparseStructure
 
 
+def test_more_sums_than_the_limit_warn_and_are_not_split():
+    def penalties(x):  # one soft penalty per block of 30: ten sums
+        return sum(x[30 * i : 30 * (i + 1)].sum() ** 2 for i in range(10))
+
+    x, objective = chain_objective(penalties)
+    with pytest.warns(PymcOptimWarning, match=r"through 10 sums of it.*at most 8"):
+        assert low_rank_hessian_structure(objective, [x], [N], 10**6) is None
+
+
 def test_a_structure_found_on_another_graph_is_refused():
     x, objective = chain_objective(lambda x: x.sum() ** 2)
     other = chain_structure(N, np.linspace(1, 2, N)[None, :])
@@ -238,79 +246,16 @@ def test_newton_with_the_split_runs_natively_under_numba():
 
 
 # --- Laplace marginals -----------------------------------------------------------------------
-def grid_edges(side):
-    index = np.arange(side * side).reshape(side, side)
-    right = np.stack([index[:, :-1].ravel(), index[:, 1:].ravel()], axis=1)
-    down = np.stack([index[:-1].ravel(), index[1:].ravel()], axis=1)
-    return np.concatenate([right, down])
-
-
-def icar_poisson_model(side, form, seed=1):
-    """Poisson counts with a log rate b + σ φ, φ an ICAR on a grid with PyMC's soft
-    sum-to-zero penalty: `pm.ICAR` (dense W) or the same density in a CustomDist."""
-    n = side * side
-    edges = grid_edges(side)
-    rng = np.random.default_rng(seed)
-    counts = rng.poisson(np.exp(1.0 + 0.3 * rng.normal(size=n)))
-    with pm.Model() as model:
-        b = pm.Normal("b", 1.0, 1.0)
-        sigma = pm.HalfNormal("sigma", 1.0)
-        if form == "pm.ICAR":
-            W = np.zeros((n, n))
-            W[edges[:, 0], edges[:, 1]] = W[edges[:, 1], edges[:, 0]] = 1.0
-            phi = pm.ICAR("phi", W=W)
-        else:
-
-            def logp(value):
-                d = value[edges[:, 0]] - value[edges[:, 1]]
-                return -0.5 * (d**2).sum() - 0.5 * (value.sum() / (0.001 * n)) ** 2
-
-            phi = pm.CustomDist("phi", logp=logp, shape=n)
-        pm.Poisson("y", mu=pt.exp(b + sigma * phi), observed=counts)
-    return model, edges, counts
-
-
-def scipy_sparse_marginal(edges, counts, b, sigma):
-    """The Laplace marginal of `icar_poisson_model`'s CustomDist form, written independently:
-    Newton on the mode with scipy.sparse's LU (the rank-one penalty by Sherman–Morrison), log
-    det H = log det S + log(1 + c 1ᵀ S⁻¹ 1)."""
-    n = counts.size
-    c = 1.0 / (0.001 * n) ** 2
-    incidence = sp.coo_matrix(
-        (np.r_[np.ones(len(edges)), -np.ones(len(edges))],
-         (np.r_[np.arange(len(edges)), np.arange(len(edges))], np.r_[edges[:, 0], edges[:, 1]])),
-        shape=(len(edges), n),
-    ).tocsc()  # fmt: skip
-    Q = (incidence.T @ incidence).tocsc()
-    ones = np.ones(n)
-
-    def log_joint(phi):
-        rate = np.exp(b + sigma * phi)
-        poisson = (counts * np.log(rate) - rate - scipy.special.gammaln(counts + 1)).sum()
-        return -0.5 * phi @ (Q @ phi) - 0.5 * c * phi.sum() ** 2 + poisson
-
-    phi = np.zeros(n)
-    for _ in range(100):
-        rate = np.exp(b + sigma * phi)
-        gradient = -(Q @ phi) - c * phi.sum() + sigma * (counts - rate)
-        lu = spla.splu((Q + sp.diags(sigma**2 * rate)).tocsc())
-        y, u = lu.solve(gradient), lu.solve(ones)
-        step = y - u * (c * y.sum() / (1.0 + c * u.sum()))
-        phi = phi + step
-        if np.abs(step).max() < 1e-13:
-            break
-    rate = np.exp(b + sigma * phi)
-    lu = spla.splu((Q + sp.diags(sigma**2 * rate)).tocsc())
-    logdet_S = np.log(np.abs(lu.U.diagonal())).sum()
-    logdet = logdet_S + np.log1p(c * lu.solve(ones).sum())
-    return log_joint(phi) + 0.5 * n * np.log(2 * np.pi) - 0.5 * logdet
+# the models and the independent scipy.sparse reference are the benchmark's
+sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+import bench_low_rank  # noqa: E402
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("form", ["pm.ICAR", "CustomDist"])
 def test_icar_with_the_soft_sum_to_zero_is_sparse_plus_rank_one(form):
     side = 18  # 324 areas
-    model, edges, counts = icar_poisson_model(side, form)
+    model, edges, counts = bench_low_rank.icar_poisson_model(side, form)
     with warnings.catch_warnings():
         # a CustomDist's prior is not known to be Gaussian (this one is)
         warnings.filterwarnings("ignore", "The prior of `phi`", PymcOptimWarning)
@@ -334,5 +279,5 @@ def test_icar_with_the_soft_sum_to_zero_is_sparse_plus_rank_one(form):
                 + pm.logp(pm.HalfNormal.dist(1.0), np.exp(log_sigma)).eval()
                 + log_sigma
             )
-            reference = scipy_sparse_marginal(edges, counts, b, np.exp(log_sigma))
+            reference = bench_low_rank.scipy_sparse_marginal(edges, counts, b, np.exp(log_sigma))
             np.testing.assert_allclose(logp(point) - priors, reference, rtol=RTOL)
