@@ -278,9 +278,9 @@ def refuse_what_will_not_fit(structure: LinearStructure, d: int, *, width: float
         "`constraint='sum_to_zero'` or `'corner'`, GMRF, RW; extra `sparse`) and pass "
         "`hessian_structure='sparse'`. A soft sum-to-zero penalty (pm.ICAR, "
         "`ICAR(constraint='soft')`, or `-0.5 * (x.sum() / (eps * N))**2` written by hand) is "
-        "kept as a rank-one update of a sparse H only where the rest of the log density is "
-        "sparse and separable from it (not here): else replace it by ICAR's exact "
-        "`constraint='sum_to_zero'`. Otherwise "
+        "kept as a rank-one update of a sparse H by `hessian_structure='auto'` where the rest "
+        "of the log density is sparse and separable from the sum; where it is not, replace "
+        "the penalty by ICAR's exact `constraint='sum_to_zero'`. Otherwise "
         "marginalize fewer values, or run where more memory is free (each sampling process "
         "needs its own)."
     )

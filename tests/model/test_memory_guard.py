@@ -89,7 +89,7 @@ def test_a_dense_hessian_of_ten_thousand_values_is_refused_before_allocation():
         "float64 matrices of 10,000 × 10,000",
         "GiB of memory available to this process, so nothing was built",
         "`hessian_structure='sparse'`",
-        "kept as a rank-one update of a sparse H only where",
+        "kept as a rank-one update of a sparse H by `hessian_structure='auto'`",
         "constraint='sum_to_zero'",
     ):
         assert text in message, (text, message)
