@@ -96,8 +96,11 @@ __all__: list[str] = []
 
 #: The loops compare floats exactly as numpy does: no fast-math reassociation in them.
 _njit = functools.partial(numba_njit, fastmath=False)
-#: The solver's levels (adapters, loop, driver, canonical step) are inlined into ``solver`` in
-#: numba's IR: one library, which LLVM optimizes and compiles to machine code once.
+#: What the solve's driver calls (the loop, the canonical step, the chord steps, the inner graphs'
+#: adapters) is inlined into it in numba's IR: one library, which LLVM optimizes and compiles to
+#: machine code once (numba compiles a callee's library and then, linked into its caller's,
+#: again). The driver and what ``solver`` calls inside its ``try`` block stay functions of their
+#: own: numba's ``try`` catches the exceptions of calls, not of code inlined into the block.
 _inlined = functools.partial(numba_njit, fastmath=False, inline="always")
 
 #: The `SolverStatus` codes as plain ints: numba freezes them into the loops as constants.
@@ -564,7 +567,7 @@ def _newton_driver(newton, canonical, *, warm_start: bool, sequential: bool, pre
     nothing = np.zeros(0)
     if sequential:
 
-        @_inlined
+        @_njit
         def solve_in_sequence(z0, args, rows, theta, continued):
             header = solver_buffer(key, 2)  # [a Jacobian is stored, its size]
             reference = nothing
@@ -585,14 +588,14 @@ def _newton_driver(newton, canonical, *, warm_start: bool, sequential: bool, pre
 
     if not warm_start:
 
-        @_inlined
+        @_njit
         def solve_cold(z0, args, rows, theta, continued):
             z, success, n_iterations, n_evaluations, status, _ = newton(z0, args, rows, nothing)
             return z, success, n_iterations, n_evaluations, status
 
         return solve_cold
 
-    @_inlined
+    @_njit
     def solve_warm(z0, args, rows, theta, continued):
         n, p = z0.size, theta.size
         state = solver_buffer(key, _WARM_HEADER + 2 * (p + n))
@@ -662,7 +665,7 @@ def _remember(state, theta, z):
 
 
 def _fixed_point_loop(update, *, tol: float, max_iter: int):
-    @_inlined
+    @_njit
     def fixed_point_iteration(z, args):
         for iteration in range(1, max_iter + 1):
             z_new = update(z, args)
@@ -679,7 +682,7 @@ def _fixed_point_loop(update, *, tol: float, max_iter: int):
 def _anderson_loop(update, *, tol: float, max_iter: int, memory: int = _ANDERSON_MEMORY):
     eps = np.finfo(np.float64).eps
 
-    @_inlined
+    @_njit
     def anderson(z, args):
         n = z.size
         g = update(z, args) - z
@@ -924,7 +927,9 @@ def _adapters(op: SolverOp, node, inputs, inner_outputs: dict):
     helpers = ["pack", "as_diagnostics", "failed_checks"]
     helpers += ["rows", "theta"] if isinstance(op, NewtonOp) else []
     for name in [*helpers, *inner_outputs]:
-        env[name] = _inlined(compile_numba_function_src(src, name, env))
+        # ``solver`` calls pack, rows and theta in its try block
+        jit = _njit if name in ("pack", "rows", "theta") else _inlined
+        env[name] = jit(compile_numba_function_src(src, name, env))
     return env, src, keys
 
 
