@@ -530,9 +530,9 @@ def _divisors(n: int) -> list[int]:
 
 
 def fits(inner: LinearStructure, outer: LinearStructure) -> bool:
-    """Whether every matrix with layout `inner` also has layout `outer` (a low-rank update
-    structure was read off the graph that it is verified against)."""
-    if outer.kind in ("dense", "sparse_low_rank") or inner.kind == "diagonal":
+    """Whether every matrix with layout `inner` also has layout `outer` (a low-rank update or
+    KKT structure is built by the package for the graph it is verified against)."""
+    if outer.kind in ("dense", "sparse_low_rank", "bordered") or inner.kind == "diagonal":
         return True
     if outer.kind == "diagonal":
         return False

@@ -40,13 +40,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytensor.tensor as pt
+from pytensor.gradient import grad
 from pytensor.graph.replace import graph_replace
 from pytensor.tensor.variable import TensorVariable
 
+from pymc_optim.linalg.bordered import BorderedStructure
 from pymc_optim.linalg.sparse import SparseStructure
 from pymc_optim.linalg.structure import LinearStructure
 
-__all__ = ["constrained_logdet", "constrained_mode", "constraint_matrix", "krige"]
+__all__ = ["constrained_logdet", "constrained_mode", "constraint_matrix", "kkt_mode", "krige"]
 
 
 def constraint_matrix(transform) -> np.ndarray | None:
@@ -175,3 +177,46 @@ def constrained_mode(objective, z, x0, A: np.ndarray, *, solve):
     )
     z_c, success = graph_replace([z_of, success_of], {multipliers: lam}, strict=False)
     return z_c, pt.all(success) & pt.all(lam_success)
+
+
+def kkt_mode(objective, z, x0, A: np.ndarray, structure: LinearStructure, optimizer_kwargs=None):
+    """argmin over {A z = 0} of `objective` by Newton on its KKT conditions in (z, λ),
+    ∇objective(z) + Aᵀλ = 0 and A z = 0: each iteration one factorization of H, the Hessian in
+    `structure` (sparse or dense), and k extra columns (`BorderedStructure`), where
+    `constrained_mode` nests a solve of z(λ) in each of its steps in λ.
+
+    Returns ``(z_c, success)``, differentiable in the parameters of `objective` through the
+    root's implicit derivative (the KKT matrix's solve).
+
+    Examples
+    --------
+    >>> import numpy as np, pytensor.tensor as pt
+    >>> from pymc_optim.linalg.structure import LinearStructure
+    >>> from pymc_optim.model.constraints import kkt_mode
+
+    The minimum of ½ zᵀ diag(h) z − cᵀz subject to Σ z = 0, z = (c − λ) / h with
+    λ = Σ(c/h) / Σ(1/h):
+
+    >>> h, c = np.array([1.0, 2.0, 4.0]), np.array([1.0, 2.0, 3.0])
+    >>> z = pt.vector("z", shape=(3,))
+    >>> z_c, ok = kkt_mode(0.5 * (h * z**2).sum() - (c * z).sum(), z, np.zeros(3),
+    ...                    np.ones((1, 3)), LinearStructure("dense"))
+    >>> lam = (c / h).sum() / (1 / h).sum()
+    >>> bool(np.allclose(z_c.eval(), (c - lam) / h)), bool(ok.eval())
+    (True, True)
+    """
+    from pymc_optim.problems.root import root
+
+    A = np.asarray(A, dtype=np.float64)
+    k = A.shape[0]
+    multipliers = pt.vector("constraint_multipliers", dtype=z.dtype, shape=(k,))
+    B = pt.as_tensor(A.astype(z.dtype))
+    (z_c, _), success = root(
+        [grad(objective, z) + B.T @ multipliers, B @ z],
+        [z, multipliers],
+        x0=[x0, np.zeros(k, dtype=z.dtype)],
+        method="newton",
+        structure=BorderedStructure(hessian=structure, border=A),
+        optimizer_kwargs=optimizer_kwargs,
+    )
+    return z_c, success

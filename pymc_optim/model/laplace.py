@@ -19,7 +19,12 @@ from pymc_optim.linalg.latent_gaussian import LatentGaussianStructure
 from pymc_optim.linalg.structure import as_linear_structure
 from pymc_optim.model._fgraph import graphs_at_mode, outer_inputs, replace_variables
 from pymc_optim.model._idata import require_group
-from pymc_optim.model.constraints import constrained_logdet, constrained_mode, constraint_matrix
+from pymc_optim.model.constraints import (
+    constrained_logdet,
+    constrained_mode,
+    constraint_matrix,
+    kkt_mode,
+)
 from pymc_optim.model.failure import apply_failure_policy, check_on_failure
 from pymc_optim.model.laplace_checks import (
     check_draw_shape,
@@ -246,20 +251,23 @@ def marginalize_laplace(
     if kriged:
         structure = kriged_structure(requested, -joint, z, x0.size)
         refuse_what_will_not_fit(structure, x0.size, width=graph_width(joint, [z], x0.size))
-        z_star, success = constrained_mode(
-            -joint,
-            z,
-            x0,
-            constraint,
-            solve=lambda objective, x, start: minimize(
-                objective,
-                x,
-                x0=start,
-                method=method,
-                structure=structure,
-                optimizer_kwargs=optimizer_kwargs,
-            ),
-        )
+        if method == "newton":  # one Newton loop on the KKT conditions in (z, λ)
+            z_star, success = kkt_mode(-joint, z, x0, constraint, structure, optimizer_kwargs)
+        else:
+            z_star, success = constrained_mode(
+                -joint,
+                z,
+                x0,
+                constraint,
+                solve=lambda objective, x, start: minimize(
+                    objective,
+                    x,
+                    x0=start,
+                    method=method,
+                    structure=structure,
+                    optimizer_kwargs=optimizer_kwargs,
+                ),
+            )
         condition = OptimalityCondition(
             [z], [], [grad(-joint, z)], symmetric=True, structure=structure
         )
