@@ -31,6 +31,13 @@ exactly the kriging correction
 which is the constrained mode for a Gaussian likelihood (one step: A x(λ) is linear in λ); for
 other likelihoods the next steps repeat the correction at the new H until A x = 0 to the
 tolerance. Both solves carry implicit derivatives, so the marginal's gradient in θ is exact.
+
+That nested route (:func:`constrained_mode`) factorizes H in every inner step of every outer
+step. With Newton (the Laplace default), :func:`kkt_mode` instead runs one Newton loop on the
+KKT conditions in (x, λ) together: each iteration solves the bordered matrix [[H, Aᵀ], [A, 0]]
+through one factorization of H and k extra triangular solves
+(:class:`pymc_optim.linalg.bordered.BorderedStructure`), so an exact constraint costs about what
+the unconstrained (or corner-constrained) field does.
 Draws of N(x_c, H⁻¹) conditioned on A x = 0 are x − H⁻¹Aᵀ(AH⁻¹Aᵀ)⁻¹A x for x ~ N(x_c, H⁻¹)
 (:func:`krige`). Each costs k solves with H's factor (k small: the columns of H⁻¹Aᵀ) and a
 k × k dense Cholesky.
