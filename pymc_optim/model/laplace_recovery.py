@@ -141,12 +141,16 @@ def warm_started(outputs, solution, start):
     draw's mode takes a few iterations instead of the ~10 from the model's initial point.
     """
     owner = solution.owner
-    if owner is None or getattr(owner.op, "n_controls", None) != 1:
-        return outputs  # not a one-control solver Op: the start is unused
-    x0 = owner.inputs[0]
-    # the same Op applied to the new start; its outputs replace the old ones (a constant start
-    # cannot itself be replaced)
-    restarted = owner.op.make_node(start.astype(x0.dtype), *owner.inputs[1:]).outputs
+    solver = owner is not None and hasattr(owner.op, "n_controls")
+    if not solver or solution not in owner.outputs[: owner.op.n_controls]:
+        return outputs  # not a solver Op's solution: the start is unused
+    # the same Op applied to the new start of this control (the others, e.g. a KKT system's
+    # multipliers, keep theirs); its outputs replace the old ones (a constant start cannot
+    # itself be replaced)
+    inputs = list(owner.inputs)
+    index = owner.outputs.index(solution)
+    inputs[index] = start.astype(inputs[index].dtype)
+    restarted = owner.op.make_node(*inputs).outputs
     return graph_replace(outputs, dict(zip(owner.outputs, restarted, strict=True)), strict=False)
 
 
