@@ -13,6 +13,7 @@ from pymc_optim.model.agents import Equilibrium, Optimum
 from pymc_optim.model.failure import CountingNUTS, failure_summary
 from pymc_optim.model.inla import fit_inla, plot_inla_marginals
 from pymc_optim.model.laplace import LaplaceInfo, laplace_info, marginalize_laplace, recover_latent
+from pymc_optim.model.laplace_error import LaplaceError, laplace_error
 from pymc_optim.model.laplace_predictive import sample_posterior_predictive
 from pymc_optim.problems.constrained import LagrangeMultipliers, lagrange_multipliers
 from pymc_optim.problems.fixed_point import fixed_point
@@ -31,6 +32,7 @@ __all__ = [
     "CountingNUTS",
     "Equilibrium",
     "LagrangeMultipliers",
+    "LaplaceError",
     "LaplaceInfo",
     "Optimum",
     "PymcOptimWarning",
@@ -43,6 +45,7 @@ __all__ = [
     "fit_inla",
     "fixed_point",
     "lagrange_multipliers",
+    "laplace_error",
     "laplace_info",
     "marginalize_laplace",
     "minimize",

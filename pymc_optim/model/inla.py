@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+import time
 import warnings
 from functools import partial
 
@@ -22,6 +23,7 @@ from pymc_optim.model.inla_summaries import (
 )
 from pymc_optim.model.laplace import marginalize_laplace
 from pymc_optim.model.laplace_checks import check_flag, check_model
+from pymc_optim.model.laplace_error import check_inla
 from pymc_optim.model.laplace_target import LaplaceTarget
 
 __all__ = ["fit_inla", "plot_inla_marginals"]
@@ -58,6 +60,8 @@ def fit_inla(
     random_seed=None,
     progressbar: bool = True,
     mean_correction: bool = True,
+    laplace_error: bool = True,
+    laplace_correction: bool = False,
     **marginal_kwargs,
 ):
     """Posterior of a latent Gaussian model by INLA-style integration over its hyperparameters.
@@ -94,6 +98,18 @@ def fit_inla(
     mean_correction : bool, default True
         Centre each latent draw at the conditional mean to first order in the skewness of
         p(x | θ, y) rather than at the mode (as in :func:`pymc_optim.recover_latent`).
+    laplace_error : bool, default True
+        Check the Laplace approximation itself: its error δ(θ) in log p(y | θ) at the mode and
+        at ±√3 sds along each axis (as :func:`pymc_optim.laplace_error`), the shift of each
+        hyperparameter's posterior mean it implies, and a warning above 0.1 posterior sd. Run
+        where the latent's H is diagonal (by quadrature: a few percent of the fit's time);
+        for other structures only with `laplace_correction` (by importance sampling), and
+        ``idata.inla.attrs["laplace_error_method"]`` says so. ``False`` skips it.
+    laplace_correction : bool, default False
+        Integrate the corrected marginal log p(θ, y) + δ̂(θ) (δ̂ the quadratic through δ at the
+        check's points, in the coordinates of the Gaussian fit at the mode) instead of the
+        Laplace one, centred at the corrected mode: the draws, weights and summaries are then
+        the corrected posterior's (``idata.inla.hessian`` stays the Laplace marginal's).
     **marginal_kwargs
         Passed to :func:`pymc_optim.marginalize_laplace` (``method``, ``on_failure``,
         ``optimizer_kwargs``, ``block_size``).
@@ -113,7 +129,13 @@ def fit_inla(
         ``pareto_k`` (NaN unless importance sampling), the hyperparameters' (and θ-only
         deterministics') posterior ``mean``, ``sd`` and ``quantiles`` and their marginal
         densities ``density_x``, ``density`` (R-INLA's ``marginals.hyperpar``), dims
-        ``hyperparameter``; attrs ``integration``, ``n_evaluations``, ``mode_success``.
+        ``hyperparameter``; attrs ``integration``, ``n_evaluations``, ``mode_success``. With
+        `laplace_error` or `laplace_correction`, the check's ``laplace_points`` (unconstrained,
+        dims ``laplace_point, hyper``), ``laplace_correction`` (δ there),
+        ``laplace_pareto_k`` (NaN for the quadrature) and ``laplace_mean_shift_sd`` (how far
+        the correction moves each posterior mean, in posterior sds); attrs
+        ``laplace_error_method``, ``laplace_error_seconds``, ``laplace_error_time_fraction``
+        (of the whole call), ``laplace_corrected``.
 
     Raises
     ------
@@ -128,7 +150,10 @@ def fit_inla(
     PymcOptimWarning
         When the mode search did not converge, or when the Pareto k̂ of importance sampling
         exceeds 0.7: the result may then be wrong, and NUTS on the model returned by
-        :func:`pymc_optim.marginalize_laplace` is the safe route.
+        :func:`pymc_optim.marginalize_laplace` is the safe route. When the Laplace
+        approximation's error moves a hyperparameter's posterior mean by more than 0.1
+        posterior sd (without `laplace_correction`), or cannot be estimated reliably: then
+        only NUTS on the full model (or the corrected fit) is right.
 
     Notes
     -----
@@ -179,7 +204,10 @@ def fit_inla(
     >>> idata.inla.attrs["integration"], idata.posterior["u"].shape
     ('grid', (1, 200, 6))
     """
+    started = time.perf_counter()
     check_flag(mean_correction, "mean_correction", "centre the latent draws at the mode")
+    check_flag(laplace_error, "laplace_error", "skip the check of the Laplace error")
+    check_flag(laplace_correction, "laplace_correction", "integrate the Laplace marginal")
     if integration not in INTEGRATIONS:
         raise ValueError(f"`integration` must be one of {INTEGRATIONS}; got {integration!r}.")
     check_model(model, "model", "fit_inla")
@@ -221,6 +249,13 @@ def fit_inla(
         )
     # θ = θ̂ + L z, with z standard Gaussian under the Gaussian fit at the mode
     scale = eigenvectors / np.sqrt(eigenvalues)
+    check = None
+    log_density, centre, lp_centre, integration_scale = target.log_density, mode, lp_mode, scale
+    if laplace_error or laplace_correction:
+        check = check_inla(target, mode, scale, rng, correct=laplace_correction)
+        log_density, centre, lp_centre, integration_scale = check.integration_inputs(
+            target, mode, lp_mode, scale
+        )
 
     with Progress(progressbar, f"fit_inla ({used})") as progress:
         target.progress = progress
@@ -231,7 +266,7 @@ def fit_inla(
             "empirical_bayes": rules.empirical_bayes,
         }[used]
         result = integrate(
-            target.log_density, mode, lp_mode, scale, int(draws), rng, progress=progress
+            log_density, centre, lp_centre, integration_scale, int(draws), rng, progress=progress
         )
     if used == "ccd" and result.extra["fit_mean_gap_sd"].max() > CCD_GAP_THRESHOLD_SD:
         gap = result.extra["fit_mean_gap_sd"]
@@ -257,7 +292,12 @@ def fit_inla(
         )
 
     idata = _posterior(model, marginal_model, target, result.draws, rng, progressbar)
-    idata["inla"] = inla_group(target, result, mode, hessian, used, mode_success)
+    group = inla_group(target, result, mode, hessian, used, mode_success)
+    if check is not None:
+        checked = check.finish(target, result, used, rng, time.perf_counter() - started)
+        group = group.assign(checked.data_vars)
+        group.attrs.update(checked.attrs)
+    idata["inla"] = group
     return idata
 
 
