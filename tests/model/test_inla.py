@@ -610,7 +610,11 @@ def poisson_intercepts(n_groups: int = POISSON_GROUPS, seed: int = 300) -> pm.Mo
 def test_poisson_random_intercepts_agree_with_nuts_on_the_marginal_model():
     """G = 300: the same Laplace marginal, integrated by the grid vs sampled by NUTS. Means
     within 4 Monte Carlo errors, sds within 4 Monte Carlo errors of an sd (sd/sqrt(2 ESS))."""
-    idata = pmo.fit_inla(poisson_intercepts(), "u", random_seed=1, progressbar=False)
+    # (the Laplace error moves sigma's mean by 0.107 sd here, which fit_inla's check reports:
+    # test_laplace_error.py; this test compares two integrations of the same marginal)
+    idata = pmo.fit_inla(
+        poisson_intercepts(), "u", random_seed=1, progressbar=False, laplace_error=False
+    )
     with pmo.marginalize_laplace(poisson_intercepts(), "u"):
         nuts = pm.sample(draws=1000, tune=1000, chains=2, cores=1, random_seed=2, progressbar=False)
     inla = idata.inla
