@@ -208,9 +208,31 @@ def fit_inla(
     check_flag(mean_correction, "mean_correction", "centre the latent draws at the mode")
     check_flag(laplace_error, "laplace_error", "skip the check of the Laplace error")
     check_flag(laplace_correction, "laplace_correction", "integrate the Laplace marginal")
+    _check_options(integration, draws)
+    check_model(model, "model", "fit_inla")
+    rng = np.random.default_rng(random_seed)
+    marginal_model, target = _compile(
+        model, latent, hessian_structure, mean_correction, marginal_kwargs
+    )
+    return _fit_compiled(
+        model,
+        marginal_model,
+        target,
+        rng,
+        integration=integration,
+        draws=int(draws),
+        laplace_error=laplace_error,
+        laplace_correction=laplace_correction,
+        progressbar=progressbar,
+        started=started,
+    )
+
+
+def _check_options(integration, draws) -> None:
+    """Raise a ValueError for an unknown `integration` or a `draws` that is not a positive
+    integer."""
     if integration not in INTEGRATIONS:
         raise ValueError(f"`integration` must be one of {INTEGRATIONS}; got {integration!r}.")
-    check_model(model, "model", "fit_inla")
     if (
         isinstance(draws, bool)
         or not isinstance(draws, numbers.Real)
@@ -218,14 +240,35 @@ def fit_inla(
         or draws < 1
     ):
         raise ValueError(f"`draws` must be a positive integer; got {draws!r}.")
-    rng = np.random.default_rng(random_seed)
+
+
+def _compile(model, latent, hessian_structure, mean_correction, marginal_kwargs):
+    """The marginal model of `model` and its compiled target: the part of a fit that depends
+    on the model's structure only, not on the values of its data (shared variables)."""
     marginal_model = marginalize_laplace(
         _without_latent_deterministics(model, latent),
         latent,
         hessian_structure=hessian_structure,
         **marginal_kwargs,
     )
-    target = LaplaceTarget.from_model(marginal_model, mean_correction)
+    return marginal_model, LaplaceTarget.from_model(marginal_model, mean_correction)
+
+
+def _fit_compiled(
+    model,
+    marginal_model,
+    target: LaplaceTarget,
+    rng,
+    *,
+    integration: str,
+    draws: int,
+    laplace_error: bool,
+    laplace_correction: bool,
+    progressbar: bool,
+    started: float,
+):
+    """`fit_inla` from a compiled `target` of `marginal_model` (see :func:`_compile`), at the
+    current values of the models' data; warnings are attributed to fit_inla's caller."""
     m = target.size
     used = integration
     if integration == "auto":
@@ -280,7 +323,7 @@ def fit_inla(
             "from the design). Use integration='importance', whose Pareto k̂ checks itself, or "
             "NUTS on `pmo.marginalize_laplace(model, latent)`.",
             PymcOptimWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
     if used == "importance" and result.pareto_k > PARETO_K_THRESHOLD:
         warnings.warn(
@@ -288,7 +331,7 @@ def fit_inla(
             f"{PARETO_K_THRESHOLD}: the weights are unreliable and so is the posterior. NUTS on "
             "`pmo.marginalize_laplace(model, latent)` is the safe route.",
             PymcOptimWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
 
     idata = _posterior(model, marginal_model, target, result.draws, rng, progressbar)
@@ -386,7 +429,7 @@ def _find_mode(target: LaplaceTarget, start: np.ndarray):
             "iterations): the integration is centred on the last iterate and may be wrong. NUTS "
             "on `pmo.marginalize_laplace(model, latent)` is the safe route.",
             PymcOptimWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
     return mode, lp_mode, success
 
