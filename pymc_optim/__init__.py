@@ -12,6 +12,7 @@ from pymc_optim.graph.trace import SolveTrace
 from pymc_optim.model.agents import Equilibrium, Optimum
 from pymc_optim.model.failure import CountingNUTS, failure_summary
 from pymc_optim.model.inla import fit_inla, plot_inla_marginals
+from pymc_optim.model.inla_many import FitFailure, fit_inla_many
 from pymc_optim.model.laplace import LaplaceInfo, laplace_info, marginalize_laplace, recover_latent
 from pymc_optim.model.laplace_error import LaplaceError, laplace_error
 from pymc_optim.model.laplace_predictive import sample_posterior_predictive
@@ -31,6 +32,7 @@ from pymc_optim.rewrites.switch import disable_rewrites, enable_rewrites, rewrit
 __all__ = [
     "CountingNUTS",
     "Equilibrium",
+    "FitFailure",
     "LagrangeMultipliers",
     "LaplaceError",
     "LaplaceInfo",
@@ -43,6 +45,7 @@ __all__ = [
     "enable_rewrites",
     "failure_summary",
     "fit_inla",
+    "fit_inla_many",
     "fixed_point",
     "lagrange_multipliers",
     "laplace_error",
