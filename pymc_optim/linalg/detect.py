@@ -534,7 +534,7 @@ def fits(inner: LinearStructure, outer: LinearStructure) -> bool:
     KKT structure is built by the package for the graph it is verified against)."""
     if outer.kind in ("dense", "sparse_low_rank", "bordered") or inner.kind == "diagonal":
         return True
-    if outer.kind == "diagonal":
+    if outer.kind in ("diagonal", "arrowhead"):  # an arrowhead is verified on the pattern
         return False
     return inner.kind == "block_diagonal" and outer.block_size % inner.block_size == 0
 
@@ -554,6 +554,8 @@ def dropped_entries(structure: LinearStructure, pattern: np.ndarray) -> np.ndarr
         if not isinstance(structure, SparseJacobianStructure):  # a symmetric A's lower triangle
             stated |= {(j, i) for i, j in stated}
         keep = np.array([(i, j) in stated for i, j in zip(rows, cols, strict=True)], dtype=bool)
+    elif structure.kind == "arrowhead":
+        keep = structure.holds(rows, cols)
     else:
         keep = rows // structure.block_size == cols // structure.block_size
     return np.stack([rows[~keep], cols[~keep]], axis=1)
@@ -703,7 +705,11 @@ def sparse_hessian_structure(
     With ``required=False`` (what ``"auto"`` asks) the structure comes back only when it pays:
     n ≥ ``SPARSE_MIN_SIZE``, the numba backend installed, the layout neither diagonal nor
     block-diagonal, the pattern within ``SPARSE_MAX_DENSITY`` of a full triangle and the
-    sparse factorization within that fraction of the dense one's flops. With ``required=True``
+    sparse factorization within that fraction of the dense one's flops. A pattern that is an
+    arrowhead (a few dense rows around a diagonal or block-diagonal part: fixed effects stacked
+    with random effects) gets its own layout instead, at any n
+    (:class:`~pymc_optim.linalg.arrowhead.ArrowheadStructure`): a sparse layout would build it
+    from n Hessian-vector products. With ``required=True``
     (an explicit ``"sparse"``) any readable pattern is used, and an unreadable one is a
     ValueError naming `argument`.
     """
@@ -712,11 +718,13 @@ def sparse_hessian_structure(
             return None
         raise _sizes_unknown(argument)
     from pymc_optim.linalg import _cholesky, _hessian_sparsity
+    from pymc_optim.linalg.arrowhead import arrowhead_hessian_structure, arrowhead_of_pattern
 
     n = int(sum(sizes))
     triangle = n * (n + 1) // 2
     if not required and (n < SPARSE_MIN_SIZE or _cholesky.numba is None):
-        return None
+        # a border of fixed effects around independent random effects pays at any size
+        return arrowhead_hessian_structure(objective, xs, sizes)
     budget = int(SPARSE_MAX_DENSITY * triangle)
     found = _hessian_sparsity.hessian_pattern(objective, xs, sizes, budget)
     if found is None:  # dense, or sparse but for a few sums of x: S + Jᵀ C J
@@ -726,6 +734,13 @@ def sparse_hessian_structure(
         if split is not None:
             flops = split.sparse.pattern._analysis().factor_flops
             return split if required or flops <= SPARSE_MAX_DENSITY * n**3 / 3 else None
+        if not required:  # an arrowhead too dense for the sparse budget (n < 40 (p + 1))
+            return arrowhead_hessian_structure(objective, xs, sizes)
+    if found is not None and not required:
+        # a distance-2 colouring of an arrowhead needs n colours: its own layout takes b + p
+        arrow = arrowhead_of_pattern(*found, n)
+        if arrow is not None:
+            return arrow
     if found is None and required:
         found = _hessian_sparsity.hessian_pattern(objective, xs, sizes, triangle)
     if found is None:
