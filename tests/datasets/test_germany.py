@@ -34,7 +34,7 @@ def test_scaling_factor_is_the_geometric_mean_of_the_icar_marginal_variances():
 def test_bym2_laplace_marginal_takes_the_sparse_path():
     """ "auto" reads the BYM2 Hessian's pattern (grounded graph Laplacian on φ, diagonal on θ,
     the φ_i–θ_i couplings) off the model graph."""
-    model = germany_bym2_model()
+    model = germany_bym2_model(constraint="corner")
     marginal = pmo.marginalize_laplace(model, ["phi", "theta"])
     structure = pmo.laplace_info(marginal).structure
     assert isinstance(structure, SparseStructure)
@@ -47,6 +47,27 @@ def test_bym2_laplace_marginal_takes_the_sparse_path():
     ops = {type(node.op).__name__ for node in dlogp.f.maker.fgraph.apply_nodes}
     assert {"SelectedInverseOp", "SparseSolveOp"} <= ops
     assert not ops & {"Cholesky", "Solve", "SLogDet"}
+
+
+@pytest.mark.slow
+def test_bym2_sum_to_zero_marginal_finds_its_mode_in_one_kkt_loop():
+    """The default (sum-to-zero) model: H sparse in all 1,088 latent values, the constrained mode
+    by one Newton loop on (x, λ) whose KKT matrix is solved through H's sparse factor."""
+    from pytensor.graph.traversal import ancestors
+
+    from pymc_optim.linalg.bordered import BorderedStructure
+
+    marginal = pmo.marginalize_laplace(germany_bym2_model(), ["phi", "theta"])
+    structure = pmo.laplace_info(marginal).structure
+    assert isinstance(structure, SparseStructure) and structure.pattern.n == 544 + 544
+    solvers = {
+        v.owner.op
+        for v in ancestors([marginal.logp()])
+        if v.owner is not None and hasattr(v.owner.op, "n_controls")
+    }
+    kkt = [op.condition.structure for op in solvers if op.n_controls == 2]
+    assert len(kkt) == 1 and isinstance(kkt[0], BorderedStructure)
+    assert kkt[0].hessian == structure
 
 
 @pytest.fixture(scope="module")
