@@ -309,15 +309,13 @@ class Estimator:
         self.target = target
         self.draws = int(draws) + int(draws) % 2
         self.rng = rng
-        self._log_joint = _log_joint_function(
-            target, node, with_gradient=self.method == "quadrature"
+        with_gradient = self.method == "quadrature"
+        self._log_joint = target.compiled_once(
+            ("log_joint", with_gradient),
+            lambda: _log_joint_function(target, node, with_gradient=with_gradient),
         )
         if self.method == "importance":
-            mode, hessian = node.inputs[1].type("mode"), node.inputs[2].type("hessian")
-            noise = node.inputs[1].type("noise")
-            self._sample = pytensor.function(
-                [mode, hessian, noise], self.structure.sample_gaussian(mode, hessian, noise)
-            )
+            self._sample = target.compiled_once("gaussian_draw", lambda: _draw_function(node))
 
     def at_points(self, points) -> tuple[np.ndarray, np.ndarray]:
         """δ and the Pareto k̂ (NaN for the quadrature) at each row of `points`."""
@@ -644,6 +642,16 @@ def _log_joint_function(target: LaplaceTarget, node, *, with_gradient: bool):
             [theta, x], [log_joint, grad(log_joint, x)], mode=PYTHON_MODE, on_unused_input="ignore"
         )
     return pytensor.function([theta, x], [log_joint], on_unused_input="ignore")
+
+
+def _draw_function(node):
+    """The compiled (x*, H, z) → a draw of N(x*, H⁻¹) in the Laplace `node`'s structure."""
+    mode, hessian = node.inputs[1].type("mode"), node.inputs[2].type("hessian")
+    noise = node.inputs[1].type("noise")
+    structure = node.op.structure
+    return pytensor.function(
+        [mode, hessian, noise], structure.sample_gaussian(mode, hessian, noise)
+    )
 
 
 def _unconstrained_draws(marginal_model, target, posterior) -> np.ndarray:

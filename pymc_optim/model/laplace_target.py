@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -75,6 +75,7 @@ class LaplaceTarget:
     x0: np.ndarray = None
     n_evaluations: int = 0
     progress: object = None
+    compiled: dict = field(default_factory=dict)
 
     @classmethod
     def from_model(cls, marginal_model: pm.Model, mean_correction: bool = True) -> LaplaceTarget:
@@ -180,6 +181,14 @@ class LaplaceTarget:
     def size(self) -> int:
         """The number of entries of θ."""
         return self.start.size
+
+    def compiled_once(self, key, build):
+        """`build()` the first time `key` is asked for, the same function after: helpers
+        compiled from this target's graph (a function of θ and the latent) serve every fit
+        that reuses the target."""
+        if key not in self.compiled:
+            self.compiled[key] = build()
+        return self.compiled[key]
 
     def evaluate(self, theta, with_gradient: bool = True) -> Evaluation:
         """log p(θ, y), its gradient (zeros unless `with_gradient`), the inner mode x*(θ),

@@ -107,20 +107,7 @@ def compilations(monkeypatch):
     return count
 
 
-@pytest.mark.parametrize(
-    "laplace_error",
-    [
-        False,
-        pytest.param(
-            True,
-            marks=pytest.mark.xfail(
-                reason="fit_inla's check of the Laplace error compiles its log-joint function "
-                "at every fit (laplace_error.Estimator)",
-                strict=True,
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("laplace_error", [False, True])
 def test_the_model_is_compiled_once_for_all_fits(compilations, laplace_error):
     model = gaussian_model(_observations(0))
     options = {**FAST, "laplace_error": laplace_error}
