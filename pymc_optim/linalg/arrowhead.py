@@ -41,6 +41,7 @@ from pytensor.tensor.variable import TensorVariable
 from pymc_optim.linalg.structure import LinearStructure, _concat_flat, _finite
 
 __all__ = [
+    "AUTO_MIN_SIZE",
     "MAX_BORDER",
     "ArrowheadStructure",
     "arrowhead_hessian_structure",
@@ -54,6 +55,11 @@ MAX_BORDER = 32
 #: The layout is taken when it builds H from at most this fraction of the n reverse passes of a
 #: dense H (b + p ≤ n / 2); below it the dense layout is as cheap and simpler.
 _MAX_PASS_FRACTION = 0.5
+#: Fewest latent values for which "auto" looks for the layout: below it a dense H costs under a
+#: millisecond per evaluation and compiles faster (Seeds, n = 25: a latent draw 0.47 ms dense,
+#: 0.35–0.45 ms arrowhead, the target's compilation 20–22 s against 24–25 s), while at n = 65
+#: (Epil) the dense draw costs 17–28 ms against 0.1–0.3 ms (benchmarks/README.md).
+AUTO_MIN_SIZE = 40
 
 
 @dataclass(frozen=True, eq=False)
@@ -426,7 +432,8 @@ def arrowhead_hessian_structure(
     objective: Variable, xs: Sequence[Variable], sizes: Sequence[int]
 ) -> ArrowheadStructure | None:
     """An :class:`ArrowheadStructure` for ∇²ₓ objective where the pattern read off the graph
-    (:mod:`pymc_optim.linalg._hessian_sparsity`, memory O(nnz)) is one, else None.
+    (:mod:`pymc_optim.linalg._hessian_sparsity`, memory O(nnz)) is one and x has at least
+    ``AUTO_MIN_SIZE`` elements, else None.
 
     The reading stops once the pattern has more entries than an arrowhead with ``MAX_BORDER``
     border rows and the widest inner blocks it would take could hold.
@@ -434,8 +441,8 @@ def arrowhead_hessian_structure(
     from pymc_optim.linalg import _hessian_sparsity
 
     n = int(sum(sizes))
-    if n < 4:
-        return None  # no border of p ≥ 1 with b + p ≤ n / 2 pays
+    if n < AUTO_MIN_SIZE:
+        return None
     # p ≤ MAX_BORDER border rows hold ≤ p n entries of the lower triangle, inner blocks of
     # b ≤ 2 MAX_BORDER elements ≤ n b / 2, the diagonal n: memory O(n), never O(n²)
     budget = min(n * (n + 1) // 2, n * (2 * MAX_BORDER + 1))

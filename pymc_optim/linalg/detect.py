@@ -707,9 +707,9 @@ def sparse_hessian_structure(
     block-diagonal, the pattern within ``SPARSE_MAX_DENSITY`` of a full triangle and the
     sparse factorization within that fraction of the dense one's flops. A pattern that is an
     arrowhead (a few dense rows around a diagonal or block-diagonal part: fixed effects stacked
-    with random effects) gets its own layout instead, at any n
-    (:class:`~pymc_optim.linalg.arrowhead.ArrowheadStructure`): a sparse layout would build it
-    from n Hessian-vector products. With ``required=True``
+    with random effects) gets its own layout instead, from ``arrowhead.AUTO_MIN_SIZE``
+    elements on (:class:`~pymc_optim.linalg.arrowhead.ArrowheadStructure`): a sparse layout
+    would build it from n Hessian-vector products. With ``required=True``
     (an explicit ``"sparse"``) any readable pattern is used, and an unreadable one is a
     ValueError naming `argument`.
     """
@@ -723,7 +723,7 @@ def sparse_hessian_structure(
     n = int(sum(sizes))
     triangle = n * (n + 1) // 2
     if not required and (n < SPARSE_MIN_SIZE or _cholesky.numba is None):
-        # a border of fixed effects around independent random effects pays at any size
+        # below SPARSE_MIN_SIZE only an arrowhead (fixed effects around random effects) pays
         return arrowhead_hessian_structure(objective, xs, sizes)
     budget = int(SPARSE_MAX_DENSITY * triangle)
     found = _hessian_sparsity.hessian_pattern(objective, xs, sizes, budget)

@@ -10,6 +10,7 @@ import pytest
 
 import pymc_optim as pmo
 from pymc_optim.linalg.arrowhead import (
+    AUTO_MIN_SIZE,
     MAX_BORDER,
     ArrowheadStructure,
     arrowhead_hessian_structure,
@@ -179,7 +180,7 @@ def test_patterns_without_a_small_border_are_not_arrowheads():
 
 def test_the_graph_of_a_design_matrix_is_read_as_an_arrowhead():
     rng = np.random.default_rng(0)
-    G, p, per = 30, 3, 4
+    G, p, per = 40, 3, 4
     X = rng.normal(size=(G * per, p))
     group = np.repeat(np.arange(G), per)
     x = pt.vector("x", shape=(p + G,))
@@ -188,10 +189,19 @@ def test_the_graph_of_a_design_matrix_is_read_as_an_arrowhead():
     assert arrowhead_hessian_structure(objective, [x], [p + G]) == ArrowheadStructure(
         border=[0, 1, 2], n=p + G
     )
+    # below AUTO_MIN_SIZE the dense layout is as cheap: not looked for
+    small = pt.vector("small", shape=(AUTO_MIN_SIZE - 1,))
+    eta = small[0] + small[1:]
+    assert (
+        arrowhead_hessian_structure(
+            (pt.exp(eta) - eta).sum() + 0.5 * (small**2).sum(), [small], [AUTO_MIN_SIZE - 1]
+        )
+        is None
+    )
 
 
 # --- Laplace marginals on the graphs users write ------------------------------------------------
-G, PER = 24, 4
+G, PER = 40, 4  # 42 latent values: "auto" looks for an arrowhead from AUTO_MIN_SIZE on
 
 
 def data():
@@ -269,7 +279,6 @@ def test_random_slopes_give_an_arrowhead_with_blocks():
     )
 
 
-@pytest.mark.slow  # compiles two Laplace marginals (about a minute on 2 cores)
 def test_an_explicit_arrowhead_that_drops_entries_is_refused():
     model = separate_normals_model()
     wrong = ArrowheadStructure(border=[0], n=G + 2)  # beta1 couples with every u too
