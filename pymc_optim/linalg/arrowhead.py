@@ -56,9 +56,10 @@ MAX_BORDER = 32
 #: dense H (b + p ≤ n / 2); below it the dense layout is as cheap and simpler.
 _MAX_PASS_FRACTION = 0.5
 #: Fewest latent values for which "auto" looks for the layout: below it a dense H costs under a
-#: millisecond per evaluation and compiles faster (Seeds, n = 25: a latent draw 0.47 ms dense,
-#: 0.35–0.45 ms arrowhead, the target's compilation 20–22 s against 24–25 s), while at n = 65
-#: (Epil) the dense draw costs 17–28 ms against 0.1–0.3 ms (benchmarks/README.md).
+#: millisecond per evaluation even on a busy machine and compiles faster (Seeds, n = 25: a
+#: latent draw 0.47 ms dense, 0.35–0.45 ms arrowhead, compilation 20–22 s against 24–25 s), while
+#: at n = 65 (Epil) a dense draw costs 0.8 ms on a quiet machine and 17–28 ms on a busy one,
+#: the arrowhead's 0.1–0.3 ms on either (benchmarks/README.md).
 AUTO_MIN_SIZE = 40
 
 
@@ -134,6 +135,14 @@ class ArrowheadStructure(LinearStructure):
             )
         inner = np.setdiff1d(np.arange(n), border)
         order = np.concatenate([inner, border])
+        run = (
+            "last"
+            if border[0] == m and border[-1] == n - 1
+            else "first"
+            if border[-1] == border.size - 1
+            else "general"
+        )
+        object.__setattr__(self, "_run", run)
         for name, value in (
             ("border", border),
             ("inner", inner),
@@ -190,6 +199,25 @@ class ArrowheadStructure(LinearStructure):
         position[self._inner] = np.arange(self._inner.size) // self.inner_block_size
         return edge | (position[rows] == position[cols])
 
+    def _split(self, v):
+        """(v's inner rows, v's border rows), in their order. A border that is one run at
+        either end of x (fixed effects listed first or last) is sliced: a symbolic gather's
+        reverse pass is an increment, whose graph compiles slower."""
+        p, m = self.p, self._inner.size
+        if self._run == "last":
+            return v[:m], v[m:]
+        if self._run == "first":
+            return v[p:], v[:p]
+        return v[self._inner], v[self.border]
+
+    def _join(self, inner, border, xp):
+        """The rows `inner` and `border` back in x's order (the inverse of `_split`)."""
+        if self._run == "last":
+            return xp.concatenate([inner, border])
+        if self._run == "first":
+            return xp.concatenate([border, inner])
+        return xp.concatenate([inner, border])[self._inverse]
+
     # --- symbolic ------------------------------------------------------------------------------
     def jacobian(self, F: TensorVariable, xs) -> TensorVariable:
         """A's compact columns H v for the directions v of :meth:`directions` (H symmetric: the
@@ -208,8 +236,8 @@ class ArrowheadStructure(LinearStructure):
         """(A's diagonal (m,) or blocks (G, b, b), B (m, p), D (p, p)) of A in compact form."""
         A = pt.as_tensor_variable(A)
         b = self.inner_block_size
-        inner = A[self._inner]
-        D = A[self.border][:, b:]
+        inner, D = self._split(A)
+        D = D[:, b:]
         if b == 1:
             first = inner[:, 0]
         else:
@@ -249,15 +277,13 @@ class ArrowheadStructure(LinearStructure):
         first, factor, B, AinvB, L_S = self._schur(A)
         rhs = pt.as_tensor_variable(rhs)
         columns = rhs[:, None] if rhs.ndim == 1 else rhs
-        m = self._inner.size
-        permuted = columns[self._order]
-        r_A, r_D = permuted[:m], permuted[m:]
+        r_A, r_D = self._split(columns)
         Ainv_r = self._inner_solve(first, factor, r_A)
         t = r_D - pt.dot(B.T, Ainv_r)
         y_D = pt.linalg.solve_triangular(L_S, t, lower=True, check_finite=False, b_ndim=2)
         y_D = pt.linalg.solve_triangular(L_S.T, y_D, lower=False, check_finite=False, b_ndim=2)
         y_A = Ainv_r - pt.dot(AinvB, y_D)
-        y = pt.concatenate([y_A, y_D])[self._inverse]
+        y = self._join(y_A, y_D, pt)
         return y[:, 0] if rhs.ndim == 1 else y
 
     def logdet_positive_definite(self, A) -> TensorVariable:
@@ -286,9 +312,7 @@ class ArrowheadStructure(LinearStructure):
         _, factor, _, AinvB, L_S = self._schur(precision)
         noise, mean = pt.as_tensor_variable(noise), pt.as_tensor_variable(mean)
         columns = noise[:, None] if noise.ndim == 1 else noise
-        m = self._inner.size
-        permuted = columns[self._order]
-        eps_A, eps_D = permuted[:m], permuted[m:]
+        eps_A, eps_D = self._split(columns)
         v_D = pt.linalg.solve_triangular(L_S.T, eps_D, lower=False, check_finite=False, b_ndim=2)
         if self.inner_block_size == 1:
             root = eps_A / factor[:, None]
@@ -298,7 +322,7 @@ class ArrowheadStructure(LinearStructure):
             root = pt.linalg.solve_triangular(
                 factor.mT, blocks, lower=False, check_finite=False, b_ndim=2
             ).reshape((-1, eps_A.shape[-1]))
-        v = pt.concatenate([root - pt.dot(AinvB, v_D), v_D])[self._inverse]
+        v = self._join(root - pt.dot(AinvB, v_D), v_D, pt)
         if noise.ndim == 1:
             return mean + v[:, 0]
         return (mean[:, None] if mean.ndim == 1 else mean) + v
@@ -306,8 +330,8 @@ class ArrowheadStructure(LinearStructure):
     # --- numerical -----------------------------------------------------------------------------
     def _parts_numpy(self, A, xp=np):
         b = self.inner_block_size
-        inner = A[self._inner]
-        D = A[self.border][:, b:]
+        inner, D = self._split(A)
+        D = D[:, b:]
         if b == 1:
             first = inner[:, 0]
         else:
@@ -325,12 +349,11 @@ class ArrowheadStructure(LinearStructure):
         """Solve H y = rhs with an array module `xp` (numpy or jax.numpy), A in compact form."""
         first, B, D = self._parts_numpy(A, xp)
         columns = rhs[:, None] if rhs.ndim == 1 else rhs
-        m = self._inner.size
-        permuted = columns[self._order]
-        both = self._inner_solve_array(first, xp.concatenate([B, permuted[:m]], axis=1), xp)
+        r_A, r_D = self._split(columns)
+        both = self._inner_solve_array(first, xp.concatenate([B, r_A], axis=1), xp)
         AinvB, Ainv_r = both[:, : self.p], both[:, self.p :]
-        y_D = xp.linalg.solve(D - B.T @ AinvB, permuted[m:] - B.T @ Ainv_r)
-        y = xp.concatenate([Ainv_r - AinvB @ y_D, y_D])[self._inverse]
+        y_D = xp.linalg.solve(D - B.T @ AinvB, r_D - B.T @ Ainv_r)
+        y = self._join(Ainv_r - AinvB @ y_D, y_D, xp)
         return y[:, 0] if rhs.ndim == 1 else y
 
     def solve_numpy(self, A: np.ndarray, rhs: np.ndarray) -> np.ndarray:
