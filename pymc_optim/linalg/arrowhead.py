@@ -234,16 +234,7 @@ class ArrowheadStructure(LinearStructure):
 
     def parts(self, A):
         """(A's diagonal (m,) or blocks (G, b, b), B (m, p), D (p, p)) of A in compact form."""
-        A = pt.as_tensor_variable(A)
-        b = self.inner_block_size
-        inner, D = self._split(A)
-        D = D[:, b:]
-        if b == 1:
-            first = inner[:, 0]
-        else:
-            blocks = inner[:, :b].reshape((-1, b, b))
-            first = 0.5 * (blocks + blocks.mT)
-        return first, inner[:, b:], 0.5 * (D + D.T)
+        return self._parts(pt.as_tensor_variable(A), pt)
 
     def _inner_factor(self, first):
         """A's square root: √a for a diagonal A, else the blocks' lower Cholesky factors (NaN
@@ -328,14 +319,15 @@ class ArrowheadStructure(LinearStructure):
         return (mean[:, None] if mean.ndim == 1 else mean) + v
 
     # --- numerical -----------------------------------------------------------------------------
-    def _parts_numpy(self, A, xp=np):
+    def _parts(self, A, xp=np):
+        """`parts` with an array module `xp` (numpy, jax.numpy or pytensor.tensor)."""
         b = self.inner_block_size
         inner, D = self._split(A)
         D = D[:, b:]
         if b == 1:
             first = inner[:, 0]
         else:
-            blocks = inner[:, :b].reshape(-1, b, b)
+            blocks = inner[:, :b].reshape((-1, b, b))
             first = 0.5 * (blocks + xp.swapaxes(blocks, -1, -2))
         return first, inner[:, b:], 0.5 * (D + D.T)
 
@@ -347,7 +339,7 @@ class ArrowheadStructure(LinearStructure):
 
     def solve_array(self, A, rhs, xp=np):
         """Solve H y = rhs with an array module `xp` (numpy or jax.numpy), A in compact form."""
-        first, B, D = self._parts_numpy(A, xp)
+        first, B, D = self._parts(A, xp)
         columns = rhs[:, None] if rhs.ndim == 1 else rhs
         r_A, r_D = self._split(columns)
         both = self._inner_solve_array(first, xp.concatenate([B, r_A], axis=1), xp)
@@ -366,7 +358,7 @@ class ArrowheadStructure(LinearStructure):
     def positive_definite_numpy(self, A: np.ndarray, margin: float = 0.0) -> np.ndarray:
         """One boolean: H − margin·I is positive definite (A − margin·I and its Schur complement
         are)."""
-        first, B, D = self._parts_numpy(np.asarray(A, dtype=np.float64))
+        first, B, D = self._parts(np.asarray(A, dtype=np.float64))
         b = self.inner_block_size
         if not (np.all(np.isfinite(first)) and np.all(np.isfinite(B)) and np.all(np.isfinite(D))):
             return np.array([False])
@@ -392,7 +384,7 @@ class ArrowheadStructure(LinearStructure):
 
     def dense_matrix(self, A, xp=np):
         """H as an (n, n) array (tests, small problems and the JAX fallback solve)."""
-        first, B, D = self._parts_numpy(A, xp)
+        first, B, D = self._parts(A, xp)
         b, m = self.inner_block_size, self._inner.size
         if b == 1:
             inner = xp.diag(first)
