@@ -21,13 +21,14 @@ import time
 import warnings
 from pathlib import Path
 
-import arviz as az
-import numpy as np
 import pymc as pm
 
 import pymc_optim as pmo
 from pymc_optim.datasets import epil_model, load_epil_reference
 from pymc_optim.datasets.epil import FIXED_EFFECTS
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _reference import long_nuts_reference  # noqa: E402
 
 REFERENCE = Path(pmo.__file__).parent / "datasets" / "epil" / "data" / "reference_nuts.json"
 REFERENCE_SETTINGS = {"chains": 4, "tune": 2000, "draws": 10000, "random_seed": 20261207}
@@ -36,42 +37,9 @@ NUTS_SETTINGS = {"chains": 4, "tune": 1000, "draws": 1000, "random_seed": 1}
 NAMES = (*FIXED_EFFECTS, "sigma")
 
 
-def summaries(idata) -> dict:
-    """Posterior mean, sd and Monte Carlo standard error of the mean per name (and of b1)."""
-    out = {}
-    for name in (*NAMES, "b1"):
-        values = idata.posterior[name]
-        out[name] = {
-            "mean": np.asarray(values.mean(("chain", "draw"))).tolist(),
-            "sd": np.asarray(values.std(("chain", "draw"))).tolist(),
-            "mcse": np.asarray(az.mcse(idata, var_names=[name])[name]).tolist(),
-        }
-    return out
-
-
 def run_reference() -> None:
-    model = epil_model()
-    t0 = time.perf_counter()
-    with model:
-        idata = pm.sample(**REFERENCE_SETTINGS, cores=2, progressbar=False, target_accept=0.9)
-    seconds = time.perf_counter() - t0
-    diverging = int(idata.sample_stats["diverging"].sum())
-    rhats = az.rhat(idata, var_names=[*NAMES, "b1"])
-    rhat = max(float(rhats[name].max()) for name in (*NAMES, "b1"))
-    result = {
-        "settings": {
-            **REFERENCE_SETTINGS,
-            "target_accept": 0.9,
-            "sampler": f"pm.sample NUTS ({idata.posterior.attrs.get('inference_library', 'pymc')})",
-        },
-        "seconds": seconds,
-        "diverging": diverging,
-        "max_rhat": rhat,
-        "model": "epil_model()",
-        "summaries": summaries(idata),
-    }
+    result = long_nuts_reference(epil_model(), REFERENCE_SETTINGS, (*NAMES, "b1"), "epil_model()")
     REFERENCE.write_text(json.dumps(result))
-    print(f"full NUTS: {seconds:.0f} s, {diverging} divergences, max R-hat {rhat:.4f}")
 
 
 def fit_latent():

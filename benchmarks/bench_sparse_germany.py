@@ -15,12 +15,14 @@ import sys
 import time
 from pathlib import Path
 
-import arviz as az
 import numpy as np
 import pymc as pm
 
 import pymc_optim as pmo
 from pymc_optim.datasets import germany_bym2_model, load_germany_reference
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _reference import long_nuts_reference, posterior_summaries  # noqa: E402
 
 REFERENCE = Path(pmo.__file__).parent / "datasets" / "germany" / "data" / "reference_nuts.json"
 #: Compared quantities: σ, ρ and the mean log relative risk (μ itself means different things
@@ -37,43 +39,19 @@ LAPLACE_SETTINGS = {"chains": 2, "tune": 300, "draws": 300, "random_seed": 7}
 def summaries(idata) -> dict:
     """Posterior mean, sd and the mean's Monte Carlo standard error of the hyperparameters and
     of every district's relative risk."""
-    out = {}
-    for name in (*HYPERPARAMETERS, "relative_risk"):
-        values = idata.posterior[name]
-        out[name] = {
-            "mean": np.asarray(values.mean(("chain", "draw"))).tolist(),
-            "sd": np.asarray(values.std(("chain", "draw"))).tolist(),
-            "mcse": np.asarray(az.mcse(idata, var_names=[name])[name]).tolist(),
-        }
-    return out
+    return posterior_summaries(idata, (*HYPERPARAMETERS, "relative_risk"))
 
 
 def run_reference() -> None:
     # the sum-to-zero ICAR: μ identified, so full NUTS mixes (the corner form's μ–field shift
     # gave R-hat 1.24 on μ in 4 × 2,500 draws)
-    model = germany_bym2_model(constraint="sum_to_zero")
-    t0 = time.perf_counter()
-    with model:
-        idata = pm.sample(**REFERENCE_SETTINGS, cores=2, progressbar=False, target_accept=0.9)
-    seconds = time.perf_counter() - t0
-    diverging = int(idata.sample_stats["diverging"].sum())
-    names = [*HYPERPARAMETERS, "relative_risk"]
-    rhats = az.rhat(idata, var_names=names)  # ArviZ 1: a DataTree, no to_array()
-    rhat = max(float(rhats[name].max()) for name in names)
-    result = {
-        "settings": {
-            **REFERENCE_SETTINGS,
-            "target_accept": 0.9,
-            "sampler": f"pm.sample NUTS ({idata.posterior.attrs.get('inference_library', 'pymc')})",
-        },
-        "seconds": seconds,
-        "diverging": diverging,
-        "max_rhat": rhat,
-        "model": "germany_bym2_model(constraint='sum_to_zero')",
-        "summaries": summaries(idata),
-    }
+    result = long_nuts_reference(
+        germany_bym2_model(constraint="sum_to_zero"),
+        REFERENCE_SETTINGS,
+        (*HYPERPARAMETERS, "relative_risk"),
+        "germany_bym2_model(constraint='sum_to_zero')",
+    )
     REFERENCE.write_text(json.dumps(result))
-    print(f"full NUTS: {seconds:.0f} s, {diverging} divergences, max R-hat {rhat:.4f}")
 
 
 def run_laplace() -> dict:
