@@ -1,0 +1,102 @@
+"""Call a separately compiled numba function through its address instead of linking its code.
+
+Numba finalizes a function's library by linking in the libraries of every function it calls and
+optimizing and compiling the whole module again. A solver called from a log density is linked
+into PyTensor's cache wrapper around it, into the function graph and into the graph's cache
+wrapper: its code, most of the module, was optimized and compiled once per level. Called through
+its address it is compiled once per process (or loaded from numba's disk cache), and every graph
+that calls it, in any function compiled later, reuses it.
+
+``outline(key, dispatcher)`` registers a numba dispatcher under a key (its cache key, which
+determines its code); ``call_outlined(key, (a, b, ...))``, inside a numba function, calls it with
+numba's own calling convention (exceptions and references as in a linked call). The address is
+looked up once per call site and process, on the first call, from the key and the argument
+types, so a function graph loaded from numba's disk cache finds the dispatcher registered again
+when PyTensor funcifies the graph's nodes.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import numba
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+from pytensor.link.numba.dispatch.basic import numba_njit
+
+__all__ = ["call_outlined", "outline"]
+
+_FUNCTIONS: dict[str, numba.core.registry.CPUDispatcher] = {}
+
+
+def outline(key: str, dispatcher):
+    """Register `dispatcher` under `key`; the dispatcher registered first under a key is kept
+    (the key determines the code), and returned."""
+    return _FUNCTIONS.setdefault(key, dispatcher)
+
+
+def _compiled(key: str, argtypes: tuple):
+    try:
+        dispatcher = _FUNCTIONS[key]
+    except KeyError:
+        raise RuntimeError(
+            f"no numba function is registered under {key[:16]}...: the graph calling it was "
+            "loaded without funcifying the node that registers it"
+        ) from None
+    dispatcher.compile(argtypes)
+    return dispatcher.overloads[argtypes]
+
+
+def _address(token: str) -> int:
+    """The machine-code address of the function behind `token` (its key and argument types)."""
+    key, signature = token.split(":", 1)
+    compiled = _compiled(key, pickle.loads(bytes.fromhex(signature)))
+    return compiled.library.get_pointer_to_function(compiled.fndesc.llvm_func_name)
+
+
+@numba_njit
+def _pointer(token):
+    with numba.objmode(address="intp"):
+        address = _address(token)
+    return address
+
+
+@intrinsic(prefer_literal=True)
+def call_outlined(typingctx, key, args):
+    """``call_outlined(key, args)``: the function registered under the literal `key` applied to
+    the tuple `args`."""
+    if not isinstance(key, types.StringLiteral) or not isinstance(args, types.BaseTuple):
+        return None
+    argtypes = tuple(args.types)
+    restype = _compiled(key.literal_value, argtypes).signature.return_type
+    token = f"{key.literal_value}:{pickle.dumps(argtypes).hex()}"
+    pointer_signature = typingctx.resolve_function_type(
+        types.Dispatcher(_pointer), [types.unicode_type], {}
+    )
+
+    def codegen(context, builder, signature, llargs):
+        pointer_type = ir.PointerType(ir.IntType(8))
+        cached = cgutils.add_global_variable(builder.module, pointer_type, "pymc_optim_outlined")
+        cached.linkage = "private"
+        cached.initializer = pointer_type(None)
+        cached.align = 64
+        address = builder.load_atomic(cached, "acquire", 64)
+        slot = cgutils.alloca_once_value(builder, address)
+        with builder.if_then(cgutils.is_null(builder, address), likely=False):
+            get = context.get_function(types.Dispatcher(_pointer), pointer_signature)
+            found = get(builder, [context.get_constant_generic(builder, types.unicode_type, token)])
+            found = builder.inttoptr(found, pointer_type)
+            builder.store_atomic(found, cached, "release", 64)
+            builder.store(found, slot)
+        function_type = context.call_conv.get_function_type(restype, argtypes)
+        function = builder.bitcast(builder.load(slot), function_type.as_pointer())
+        values = [builder.extract_value(llargs[1], i) for i in range(len(argtypes))]
+        status, result = context.call_conv.call_function(
+            builder, function, restype, argtypes, values
+        )
+        with cgutils.if_unlikely(builder, status.is_error):
+            context.call_conv.return_status_propagate(builder, status)
+        return result
+
+    return restype(key, args), codegen
