@@ -50,18 +50,16 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-import uuid
 from hashlib import sha256
 from pathlib import Path
 
 import numpy as np
 import pytensor.tensor as pt
-from numba.core.caching import FunctionCache
 from pytensor.compile.aliasing import add_supervisor_to_fgraph, insert_deepcopy
 from pytensor.compile.io import In, Out
 from pytensor.compile.mode import NUMBA
 from pytensor.graph.fg import FunctionGraph
-from pytensor.link.numba.cache import CACHED_SRC_FUNCTIONS, compile_numba_function_src
+from pytensor.link.numba.cache import compile_numba_function_src
 from pytensor.link.numba.dispatch.basic import (
     numba_funcify_and_cache_key,
     numba_njit,
@@ -80,7 +78,7 @@ from pymc_optim.backends.iterations import (
     STEP_TOL,
 )
 from pymc_optim.backends.newton import CANONICAL_BITS, NewtonOp, extrapolated_start
-from pymc_optim.backends.numba_outline import call_outlined, outline
+from pymc_optim.backends.numba_outline import outlined
 from pymc_optim.backends.numba_runtime import (
     BLAS_THREADS_SETTABLE,
     copy_into,
@@ -946,36 +944,9 @@ def _solver(op: SolverOp, env: dict, src: str, loop, keys: list, options: tuple)
     """
     announce_compilation("numba", f"a graph-native {type(op).__name__} solve")
     key = None if any(key is None for key in keys) else _cache_key(op, src, keys, options)
-    env["loop"], env["set_blas_threads"] = _outlined(loop, key), set_blas_threads
+    env["set_blas_threads"] = set_blas_threads
+    env["loop"] = outlined(loop, key and f"{key}_loop")
     return _njit(compile_numba_function_src(src, "solver", env)), key
-
-
-def _outlined(function, key: str | None):
-    """A numba function calling `function` (an njit closure) through its address, compiled
-    once per process and `key` (on numba's disk cache when `key` is not None)."""
-    name = f"{key}_loop" if key is not None else uuid.uuid4().hex
-    if key is not None:
-        function = _njit(function.py_func)
-        CACHED_SRC_FUNCTIONS[function.py_func] = name  # where: PyTensor's numba cache
-        function._cache = _KeyedFunctionCache(function.py_func, name)
-    outline(name, function)
-    src = f"def loop(*args):\n    return call_outlined({name!r}, args)\n"
-    return _njit(compile_numba_function_src(src, "loop", {"call_outlined": call_outlined}))
-
-
-class _KeyedFunctionCache(FunctionCache):
-    """numba's disk cache of a closure, indexed by a key that determines its code.
-
-    numba indexes a closure by the pickled bytes of its cells, here compiled functions whose
-    pickles differ between processes: the cache would never be hit.
-    """
-
-    def __init__(self, py_func, key: str):
-        self._key = key
-        super().__init__(py_func)
-
-    def _index_key(self, sig, codegen):
-        return (sig, codegen.magic_tuple(), self._key)
 
 
 def _cache_key(op: SolverOp, src: str, keys: list, options: tuple) -> str:

@@ -14,6 +14,7 @@ from pytensor.link.numba.dispatch.linalg.decomposition.cholesky import _cholesky
 from pytensor.link.numba.dispatch.linalg.solvers.cholesky import _cho_solve
 from pytensor.link.numba.dispatch.linalg.solvers.triangular import _solve_triangular
 
+from pymc_optim.backends.numba_outline import outlined
 from pymc_optim.linalg import latent_gaussian as _latent_gaussian
 from pymc_optim.linalg.latent_gaussian import BCholesky, CholeskyInverse, LowerSolve, PlusDiagonal
 
@@ -94,6 +95,11 @@ salt = int(
 )
 
 
+def _key(op) -> str:
+    """The key of `op`'s implementation (an Op without props): its type and the salt."""
+    return f"{type(op).__name__} {salt}"
+
+
 @numba_basic.register_funcify_default_op_cache_key(BCholesky)
 def _numba_b_cholesky(op, node, **kwargs):
     @numba_basic.numba_njit
@@ -113,7 +119,7 @@ def _numba_b_cholesky(op, node, **kwargs):
             return np.full((n, n), np.nan)
         return L
 
-    return b_cholesky, salt
+    return outlined(b_cholesky, _key(op)), salt
 
 
 @numba_basic.register_funcify_default_op_cache_key(PlusDiagonal)
@@ -125,7 +131,7 @@ def _numba_plus_diagonal(op, node, **kwargs):
             A[i, i] += w[i]
         return A
 
-    return plus_diagonal, salt
+    return outlined(plus_diagonal, _key(op)), salt
 
 
 @numba_basic.register_funcify_default_op_cache_key(CholeskyInverse)
@@ -139,7 +145,7 @@ def _numba_cholesky_inverse(op, node, **kwargs):
             return _cho_solve(L, np.eye(n), True, True)
         return inverse_loops(L)
 
-    return cholesky_inverse, salt
+    return outlined(cholesky_inverse, _key(op)), salt
 
 
 @numba_basic.register_funcify_default_op_cache_key(LowerSolve)
@@ -150,4 +156,4 @@ def _numba_lower_solve(op, node, **kwargs):
             return _solve_triangular(L, M, True, False, False)
         return solve_loops(L, M)
 
-    return lower_solve, salt
+    return outlined(lower_solve, _key(op)), salt

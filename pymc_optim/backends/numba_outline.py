@@ -7,9 +7,12 @@ wrapper: its code, most of the module, was optimized and compiled once per level
 its address it is compiled once per process (or loaded from numba's disk cache), and every graph
 that calls it, in any function compiled later, reuses it.
 
-``outline(key, dispatcher)`` registers a numba dispatcher under a key (its cache key, which
-determines its code); ``call_outlined(key, (a, b, ...))``, inside a numba function, calls it with
-numba's own calling convention (exceptions and references as in a linked call). The address is
+``outlined(function, key)`` is the numba function to hand to PyTensor in place of `function`
+(an njit function whose code `key` determines): it calls `function` through its address, and
+`function` is compiled once per process and key and kept on numba's disk cache under `key`.
+Underneath, ``outline(key, dispatcher)`` registers a dispatcher and ``call_outlined(key, (a, b,
+...))``, inside a numba function, calls it with numba's own calling convention (exceptions and
+references as in a linked call). The address is
 looked up once per call site and process, on the first call, from the key and the argument
 types, so a function graph loaded from numba's disk cache finds the dispatcher registered again
 when PyTensor funcifies the graph's nodes.
@@ -18,16 +21,54 @@ when PyTensor funcifies the graph's nodes.
 from __future__ import annotations
 
 import pickle
+import uuid
 
 import numba
 from llvmlite import ir
 from numba.core import cgutils, types
+from numba.core.caching import FunctionCache
 from numba.extending import intrinsic
+from pytensor.link.numba.cache import CACHED_SRC_FUNCTIONS, compile_numba_function_src
 from pytensor.link.numba.dispatch.basic import numba_njit
 
-__all__ = ["call_outlined", "outline"]
+__all__ = ["call_outlined", "outline", "outlined"]
 
 _FUNCTIONS: dict[str, numba.core.registry.CPUDispatcher] = {}
+
+
+def outlined(function, key: str | None):
+    """A numba function calling the njit function `function` through its address.
+
+    `function` is compiled once per process and `key` (a key that determines its code), and
+    kept on numba's disk cache (PyTensor's numba cache directory) under `key`; without a key,
+    once per call of this function and never on disk.
+    """
+    if key is None:
+        key = uuid.uuid4().hex
+    else:
+        options = {k: v for k, v in function.targetoptions.items() if k != "nopython"}
+        function = numba.njit(**options)(function.py_func)  # a dispatcher of its own
+        CACHED_SRC_FUNCTIONS[function.py_func] = key
+        function._cache = _KeyedFunctionCache(function.py_func, key)
+    outline(key, function)
+    src = f"def {function.__name__}(*args):\n    return call_outlined({key!r}, args)\n"
+    env = {"call_outlined": call_outlined}
+    return numba_njit(compile_numba_function_src(src, function.__name__, env))
+
+
+class _KeyedFunctionCache(FunctionCache):
+    """numba's disk cache of a function, indexed by a key that determines its code.
+
+    numba indexes a closure by the pickled bytes of its cells, here compiled functions whose
+    pickles differ between processes: the cache would never be hit.
+    """
+
+    def __init__(self, py_func, key: str):
+        self._key = key
+        super().__init__(py_func)
+
+    def _index_key(self, sig, codegen):
+        return (sig, codegen.magic_tuple(), self._key)
 
 
 def outline(key: str, dispatcher):

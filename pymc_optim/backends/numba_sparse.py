@@ -18,6 +18,7 @@ import numpy as np
 from pytensor.link.numba.dispatch.basic import numba_njit, register_funcify_and_cache_key
 
 from pymc_optim.backends import numba_runtime
+from pymc_optim.backends.numba_outline import outlined
 from pymc_optim.backends.numba_runtime import (
     BLAS_THREADS_SETTABLE,
     copy_into,
@@ -239,7 +240,8 @@ def _numba_sparse_logdet(op, node=None, **kwargs):
         return 2.0 * total
 
     batched = node.inputs[0].type.ndim == 2
-    return _of_values(_factor_function(op.pattern), logdet, batched, 0), _cache_key(op, node)
+    key = _cache_key(op, node)
+    return outlined(_of_values(_factor_function(op.pattern), logdet, batched, 0), key), key
 
 
 @register_funcify_and_cache_key(SelectedInverseOp)
@@ -258,7 +260,8 @@ def _numba_selected_inverse(op, node=None, **kwargs):
     batched = node.inputs[0].type.ndim == 2
     factor = _factor_function(op.pattern)
     funcified = _of_values(factor, selected_inverse, batched, op.pattern.nnz)
-    return funcified, _cache_key(op, node)
+    key = _cache_key(op, node)
+    return outlined(funcified, key), key
 
 
 @register_funcify_and_cache_key(SparseSolveOp)
@@ -268,7 +271,8 @@ def _numba_sparse_solve(op, node=None, **kwargs):
     )
     batched = node.inputs[0].type.ndim == 2
     funcified = _of_values_and_rhs(_factor_function(op.pattern), kernel, batched)
-    return funcified, _cache_key(op, node)
+    key = _cache_key(op, node)
+    return outlined(funcified, key), key
 
 
 @register_funcify_and_cache_key(SparseFactorSolveOp)
@@ -280,4 +284,5 @@ def _numba_sparse_factor_solve(op, node=None, **kwargs):
     )
     batched = node.inputs[0].type.ndim == 2
     funcified = _of_values_and_rhs(_factor_function(op.pattern), kernel, batched)
-    return funcified, _cache_key(op, node)
+    key = _cache_key(op, node)
+    return outlined(funcified, key), key
