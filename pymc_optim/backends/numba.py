@@ -36,6 +36,9 @@ Newton, ``update(z) -> T(z)`` for fixed points.
 * The state `NewtonOp` keeps between solves (the warm start and its canonical step, the chord
   steps of `newton.sequential_solve`) lives in per-thread buffers of
   `pymc_optim.backends.numba_runtime`, keyed by the compiled solver.
+* The driver, with the loop inlined, is compiled once per process and solver key (and kept on
+  numba's disk cache under it) and called through its address (`numba_outline.outlined`):
+  numba would otherwise compile it again inside every function that calls ``solver``.
 * Nothing raises out of the loop. An exception from the inner graphs (a raising
   ``CheckAndRaise``, a size known only at run time that disagrees) is caught and reported as
   NaN solutions with ``success=False`` and counters −1, as ``SolverOp.perform`` reports

@@ -28,6 +28,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.core.caching import FunctionCache
 from numba.extending import intrinsic
+from pytensor import config
 from pytensor.link.numba.cache import CACHED_SRC_FUNCTIONS, compile_numba_function_src
 from pytensor.link.numba.dispatch.basic import numba_njit
 
@@ -40,16 +41,15 @@ def outlined(function, key: str | None):
     """A numba function calling the njit function `function` through its address.
 
     `function` is compiled once per process and `key` (a key that determines its code), and
-    kept on numba's disk cache (PyTensor's numba cache directory) under `key`; without a key,
-    once per call of this function and never on disk.
+    kept on numba's disk cache (PyTensor's numba cache directory, unless its ``numba__cache``
+    flag is off) under `key`; without a key, once per call of this function and never on disk.
     """
-    if key is None:
-        key = uuid.uuid4().hex
-    else:
+    if key is not None and config.numba__cache:
         options = {k: v for k, v in function.targetoptions.items() if k != "nopython"}
         function = numba.njit(**options)(function.py_func)  # a dispatcher of its own
         CACHED_SRC_FUNCTIONS[function.py_func] = key
         function._cache = _KeyedFunctionCache(function.py_func, key)
+    key = key if key is not None else uuid.uuid4().hex
     outline(key, function)
     src = f"def {function.__name__}(*args):\n    return call_outlined({key!r}, args)\n"
     env = {"call_outlined": call_outlined}
