@@ -103,7 +103,9 @@ def _factor_function(pattern: SparsePattern):
         state[0] = 1.0
         return x, failed
 
-    return factor
+    # compiled once per pattern, whichever Ops call it (log det, selected inverse, solves)
+    parts = ("factor", pattern._key, _SOURCE_KEY, gemm_min, lapack_min, BLAS_THREADS_SETTABLE)
+    return outlined(factor, sha256(str(parts).encode()).hexdigest())
 
 
 def _right_hand_side_kernel(pattern: SparsePattern, *, permute, forward, backward, unpermute):
