@@ -12,10 +12,9 @@ that calls it, in any function compiled later, reuses it.
 `function` is compiled once per process and key and kept on numba's disk cache under `key`.
 Underneath, ``outline(key, dispatcher)`` registers a dispatcher and ``call_outlined(key, (a, b,
 ...))``, inside a numba function, calls it with numba's own calling convention (exceptions and
-references as in a linked call). The address is
-looked up once per call site and process, on the first call, from the key and the argument
-types, so a function graph loaded from numba's disk cache finds the dispatcher registered again
-when PyTensor funcifies the graph's nodes.
+references as in a linked call). The address is looked up once per call site and process, on
+the first call, from the key and the argument types, so a function graph loaded from numba's
+disk cache finds the dispatcher registered again when PyTensor funcifies the graph's nodes.
 """
 
 from __future__ import annotations
