@@ -14,7 +14,7 @@ from pytensor.link.numba.dispatch.linalg.decomposition.cholesky import _cholesky
 from pytensor.link.numba.dispatch.linalg.solvers.cholesky import _cho_solve
 from pytensor.link.numba.dispatch.linalg.solvers.triangular import _solve_triangular
 
-from pymc_optim.backends.numba_outline import outlined
+from pymc_optim.backends.numba_outline import register_outlined
 from pymc_optim.linalg import latent_gaussian as _latent_gaussian
 from pymc_optim.linalg.latent_gaussian import BCholesky, CholeskyInverse, LowerSolve, PlusDiagonal
 
@@ -96,11 +96,11 @@ salt = int(
 
 
 def _key(op) -> str:
-    """The key of `op`'s implementation (an Op without props): its type and the salt."""
-    return f"{type(op).__name__} {salt}"
+    """PyTensor's default cache key of `op` (its type and props), salted with this file's hash."""
+    return numba_basic.default_hash_key_from_props(op, cache_version=str(salt))
 
 
-@numba_basic.register_funcify_default_op_cache_key(BCholesky)
+@register_outlined(BCholesky)
 def _numba_b_cholesky(op, node, **kwargs):
     @numba_basic.numba_njit
     def b_cholesky(K, w):
@@ -119,10 +119,10 @@ def _numba_b_cholesky(op, node, **kwargs):
             return np.full((n, n), np.nan)
         return L
 
-    return outlined(b_cholesky, _key(op)), salt
+    return b_cholesky, _key(op)
 
 
-@numba_basic.register_funcify_default_op_cache_key(PlusDiagonal)
+@register_outlined(PlusDiagonal)
 def _numba_plus_diagonal(op, node, **kwargs):
     @numba_basic.numba_njit
     def plus_diagonal(Q, w):
@@ -131,10 +131,10 @@ def _numba_plus_diagonal(op, node, **kwargs):
             A[i, i] += w[i]
         return A
 
-    return outlined(plus_diagonal, _key(op)), salt
+    return plus_diagonal, _key(op)
 
 
-@numba_basic.register_funcify_default_op_cache_key(CholeskyInverse)
+@register_outlined(CholeskyInverse)
 def _numba_cholesky_inverse(op, node, **kwargs):
     @numba_basic.numba_njit
     def cholesky_inverse(L):
@@ -145,10 +145,10 @@ def _numba_cholesky_inverse(op, node, **kwargs):
             return _cho_solve(L, np.eye(n), True, True)
         return inverse_loops(L)
 
-    return outlined(cholesky_inverse, _key(op)), salt
+    return cholesky_inverse, _key(op)
 
 
-@numba_basic.register_funcify_default_op_cache_key(LowerSolve)
+@register_outlined(LowerSolve)
 def _numba_lower_solve(op, node, **kwargs):
     @numba_basic.numba_njit
     def lower_solve(L, M):
@@ -156,4 +156,4 @@ def _numba_lower_solve(op, node, **kwargs):
             return _solve_triangular(L, M, True, False, False)
         return solve_loops(L, M)
 
-    return outlined(lower_solve, _key(op)), salt
+    return lower_solve, _key(op)

@@ -7,6 +7,9 @@ wrapper: its code, most of the module, was optimized and compiled once per level
 its address it is compiled once per process (or loaded from numba's disk cache), and every graph
 that calls it, in any function compiled later, reuses it.
 
+``register_outlined(op_type)`` registers an Op's numba implementation, a dispatch function
+returning ``(function, key)`` as for PyTensor's ``register_funcify_and_cache_key``, so that
+PyTensor gets ``outlined(function, key)``.
 ``outlined(function, key)`` is the numba function to hand to PyTensor in place of `function`
 (an njit function whose code `key` determines): it calls `function` through its address, and
 `function` is compiled once per process and key and kept on numba's disk cache under `key`.
@@ -19,6 +22,7 @@ disk cache finds the dispatcher registered again when PyTensor funcifies the gra
 
 from __future__ import annotations
 
+import functools
 import pickle
 import uuid
 
@@ -29,11 +33,27 @@ from numba.core.caching import FunctionCache
 from numba.extending import intrinsic
 from pytensor import config
 from pytensor.link.numba.cache import CACHED_SRC_FUNCTIONS, compile_numba_function_src
-from pytensor.link.numba.dispatch.basic import numba_njit
+from pytensor.link.numba.dispatch.basic import numba_njit, register_funcify_and_cache_key
 
-__all__ = ["call_outlined", "outline", "outlined"]
+__all__ = ["call_outlined", "outline", "outlined", "register_outlined"]
 
 _FUNCTIONS: dict[str, numba.core.registry.CPUDispatcher] = {}
+
+
+def register_outlined(op_type):
+    """PyTensor's ``register_funcify_and_cache_key(op_type)`` for a dispatch function returning
+    ``(function, key)``, PyTensor getting `function` outlined under `key` (:func:`outlined`)."""
+
+    def decorator(dispatch):
+        @functools.wraps(dispatch)
+        def outlined_dispatch(op, node=None, **kwargs):
+            function, key = dispatch(op, node=node, **kwargs)
+            return outlined(function, key), key
+
+        register_funcify_and_cache_key(op_type)(outlined_dispatch)
+        return dispatch
+
+    return decorator
 
 
 def outlined(function, key: str | None):

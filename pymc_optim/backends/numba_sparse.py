@@ -15,10 +15,10 @@ from hashlib import sha256
 from pathlib import Path
 
 import numpy as np
-from pytensor.link.numba.dispatch.basic import numba_njit, register_funcify_and_cache_key
+from pytensor.link.numba.dispatch.basic import numba_njit
 
 from pymc_optim.backends import numba_runtime
-from pymc_optim.backends.numba_outline import outlined
+from pymc_optim.backends.numba_outline import outlined, register_outlined
 from pymc_optim.backends.numba_runtime import (
     BLAS_THREADS_SETTABLE,
     copy_into,
@@ -230,7 +230,7 @@ def _of_values_and_rhs(factor, kernel, batched: bool):
     return of_each_matrix
 
 
-@register_funcify_and_cache_key(SparseLogdetOp)
+@register_outlined(SparseLogdetOp)
 def _numba_sparse_logdet(op, node=None, **kwargs):
     diagonal = op.pattern._analysis().diag_slots
 
@@ -242,11 +242,10 @@ def _numba_sparse_logdet(op, node=None, **kwargs):
         return 2.0 * total
 
     batched = node.inputs[0].type.ndim == 2
-    key = _cache_key(op, node)
-    return outlined(_of_values(_factor_function(op.pattern), logdet, batched, 0), key), key
+    return _of_values(_factor_function(op.pattern), logdet, batched, 0), _cache_key(op, node)
 
 
-@register_funcify_and_cache_key(SelectedInverseOp)
+@register_outlined(SelectedInverseOp)
 def _numba_selected_inverse(op, node=None, **kwargs):
     s = op.pattern._analysis()
     sn_start, sn_xptr, col_to_sn, sn_rowptr, sn_rows, x_map = (
@@ -262,22 +261,20 @@ def _numba_selected_inverse(op, node=None, **kwargs):
     batched = node.inputs[0].type.ndim == 2
     factor = _factor_function(op.pattern)
     funcified = _of_values(factor, selected_inverse, batched, op.pattern.nnz)
-    key = _cache_key(op, node)
-    return outlined(funcified, key), key
+    return funcified, _cache_key(op, node)
 
 
-@register_funcify_and_cache_key(SparseSolveOp)
+@register_outlined(SparseSolveOp)
 def _numba_sparse_solve(op, node=None, **kwargs):
     kernel = _right_hand_side_kernel(
         op.pattern, permute=True, forward=True, backward=True, unpermute=True
     )
     batched = node.inputs[0].type.ndim == 2
     funcified = _of_values_and_rhs(_factor_function(op.pattern), kernel, batched)
-    key = _cache_key(op, node)
-    return outlined(funcified, key), key
+    return funcified, _cache_key(op, node)
 
 
-@register_funcify_and_cache_key(SparseFactorSolveOp)
+@register_outlined(SparseFactorSolveOp)
 def _numba_sparse_factor_solve(op, node=None, **kwargs):
     # Pᵀ L⁻ᵀ z (a draw), or its adjoint L⁻¹ P u
     draw = op.transposed
@@ -286,5 +283,4 @@ def _numba_sparse_factor_solve(op, node=None, **kwargs):
     )
     batched = node.inputs[0].type.ndim == 2
     funcified = _of_values_and_rhs(_factor_function(op.pattern), kernel, batched)
-    key = _cache_key(op, node)
-    return outlined(funcified, key), key
+    return funcified, _cache_key(op, node)
