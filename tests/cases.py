@@ -880,9 +880,21 @@ def newton_node(model):
     return node
 
 
+def warm_history(fn) -> list:
+    """The warm-start history, (θ, x*) of the last successful solves, of the one NewtonOp node
+    of the compiled `fn` (a PyTensor function, or PyMC's wrappers of one) in this thread."""
+    from pymc_optim.backends.newton import NewtonOp
+    from pymc_optim.graph.solver_op import solve_state
+
+    for attribute in ("_pytensor_function", "f"):
+        fn = getattr(fn, attribute, fn)
+    (node,) = [n for n in fn.maker.fgraph.toposort() if isinstance(n.op, NewtonOp)]
+    return solve_state(node).setdefault("warm_start", [])
+
+
 def counters(model, mode=None):
     """A function of θ (the value variables) returning the inner solve's (success, iterations,
-    evaluations); it shares the marginal's Op, hence its warm-start state."""
+    evaluations), with the marginal's Op (and its own warm-start history)."""
     node = newton_node(model)
     k = node.op.n_controls
     outs = model.replace_rvs_by_values(node.outputs[k : k + 3])

@@ -17,6 +17,9 @@ __all__ = ["FixedPointOp"]
 class FixedPointOp(SolverOp):
     """x* = T(x*, θ) by plain or Anderson-accelerated iteration; see :func:`fixed_point`."""
 
+    __props__ = ("n_extras", "method", "tol", "max_iter")
+    LOOP_OPTIONS = __props__
+
     def __init__(
         self,
         problem: InnerProblem,
@@ -39,7 +42,7 @@ class FixedPointOp(SolverOp):
     def numerical_functions(self):
         return {"update": ([], [self.flat_update])}
 
-    def solve(self, fns, x0s, params, extras):
+    def solve(self, fns, x0s, params, extras, state):
         packer = Packer(x0s)
         update_fn = fns["update"]
 

@@ -9,9 +9,7 @@ rule.
 
 from __future__ import annotations
 
-import copy
 import math
-import threading
 
 import numpy as np
 import pytensor.tensor as pt
@@ -68,9 +66,9 @@ class NewtonOp(SolverOp):
         Start each solve from the last successful solution of this Op in this thread instead of
         x0 (see `warm_start_point`), and end every solve with `canonical_step` (one more
         evaluation) so that the result does not depend on that start, bit for bit;
-        :func:`pymc_optim.marginalize_laplace` turns it on. The numpy loop keeps that state on
-        the Op, the numba loop in per-thread buffers (`backends.numba_runtime`); JAX starts
-        from x0.
+        :func:`pymc_optim.marginalize_laplace` turns it on. The numpy loop keeps that state per
+        compiled node and thread (`solve_state`), the numba loop in per-thread buffers
+        (`backends.numba_runtime`); JAX starts from x0.
     """
 
     method = "newton"
@@ -82,6 +80,18 @@ class NewtonOp(SolverOp):
     #: and ``final_step=False``): set on the copies that `sequential_solve` makes; numpy and
     #: numba loops (JAX takes plain Newton steps).
     sequential = False
+
+    __props__ = (
+        "n_extras",
+        "minimization",
+        "tol",
+        "max_iter",
+        "batch_ndim",
+        "warm_start",
+        "predictor",
+        "sequential",
+    )
+    LOOP_OPTIONS = __props__
 
     # One attribute per option, as the scipy Ops store theirs (backends/scipy/ops.py).
     def __init__(
@@ -138,6 +148,9 @@ class NewtonOp(SolverOp):
     def value(self):
         return self._value
 
+    def inner_expressions(self):
+        return [*super().inner_expressions(), self.merit, self._value]
+
     def make_node(self, *inputs):
         node = super().make_node(*inputs)
         if not self.batch_ndim:
@@ -161,7 +174,7 @@ class NewtonOp(SolverOp):
         system = [self.merit, self.condition.flat_residual(), self.condition.jacobian()]
         return {"system": ([], system), "merit": ([], [self.merit])}
 
-    def solve(self, fns, x0s, params, extras):
+    def solve(self, fns, x0s, params, extras, state):
         system_fn, merit_fn = self._direct_call(fns["system"]), self._direct_call(fns["merit"])
         x0 = x0s[0]
         if len(x0s) == 1 and isinstance(x0, np.ndarray) and x0.ndim == 1 and x0.dtype == "f8":
@@ -190,9 +203,8 @@ class NewtonOp(SolverOp):
         if shape:
             rows = problem_rows([np.size(x0) for x0 in x0s], shape)
         sequential = self.sequential and rows is None
-        chords = self.__dict__.setdefault("_chord", {}) if sequential else {}
         if sequential and not extras[-1]:  # a new sequence: no chord steps on an older one's A
-            chords.pop(threading.get_ident(), None)
+            state.pop("chord", None)
         if sequential:
             evaluate, last_jacobian = system, []
 
@@ -211,12 +223,13 @@ class NewtonOp(SolverOp):
                 tol=self.tol,
                 max_iter=self.max_iter,
                 rows=rows,
-                chord=chords.get(threading.get_ident()),
+                chord=state.get("chord") if sequential else None,
                 final_step=not sequential,
             )
 
+        history = state.setdefault("warm_start", []) if self.warm_start else None
         theta = _theta(params) if self.warm_start else None
-        start = self.warm_start_point(z0, params, theta) if self.warm_start else None
+        start = self.warm_start_point(history, z0, params, theta) if self.warm_start else None
         if start is None:
             z, success, n_iterations, n_evaluations, status = run(z0)
         else:
@@ -234,9 +247,8 @@ class NewtonOp(SolverOp):
             )
             n_evaluations = n_evaluations + more_evaluations
         if sequential and success.all():
-            chords[threading.get_ident()] = last_jacobian[0]
+            state["chord"] = last_jacobian[0]
         if self.warm_start and success.all():
-            history = self._warm_starts().setdefault(threading.get_ident(), [])
             history.append((theta, np.array(z, dtype="float64", copy=True)))
             del history[:-2]
         diagnostics = (success, n_iterations, n_evaluations, status)
@@ -260,9 +272,12 @@ class NewtonOp(SolverOp):
             hit = cache[id(fn)] = (fn, direct_call(fn, self.graph_errors))
         return hit[1]
 
-    def warm_start_point(self, z0: np.ndarray, params=(), theta=None) -> np.ndarray | None:
-        """Where a warm solve starts: the last successful solution of this Op in this thread,
-        if it has z0's shape and is finite; None (start at z0) otherwise. With two stored
+    def warm_start_point(
+        self, history: list, z0: np.ndarray, params=(), theta=None
+    ) -> np.ndarray | None:
+        """Where a warm solve starts: the last successful solution in `history` (this compiled
+        node's in this thread, ``solve_state(node)["warm_start"]``: the last two solves, (θ, x*)
+        each), if it has z0's shape and is finite; None (start at z0) otherwise. With two stored
         solutions (and `predictor` on), it is moved along their secant by the projection of the
         step in the parameters on their step: a sampler's trajectory is nearly straight, so
         this follows x*(θ) to first order along it.
@@ -274,7 +289,6 @@ class NewtonOp(SolverOp):
         repeated from z0, so the result does not depend on the start. `theta` is
         ``_theta(params)`` when the caller has it.
         """
-        history = self._warm_starts().get(threading.get_ident())
         if not history:
             return None
         theta_1, start = history[-1]
@@ -286,18 +300,6 @@ class NewtonOp(SolverOp):
             if theta.shape == theta_1.shape == theta_0.shape:
                 return extrapolated_start(theta, theta_1, theta_0, start, previous)
         return start
-
-    def _warm_starts(self) -> dict:
-        """Thread id → the last two successful solves, (θ, x*) each (not pickled: they belong to
-        this process)."""
-        return self.__dict__.setdefault("_warm", {})
-
-    def __getstate__(self):
-        state = super().__getstate__()
-        state.pop("_warm", None)
-        state.pop("_direct", None)
-        state.pop("_chord", None)
-        return state
 
 
 def sequential_solve(solution, start, jacobian):
@@ -322,9 +324,8 @@ def sequential_solve(solution, start, jacobian):
     op = None if owner is None else owner.op
     if not isinstance(op, NewtonOp) or op.n_controls != 1 or op.batch_ndim:
         return None
-    op = copy.copy(op)  # sharing the compiled inner functions (`_compiled`, one dict)
-    op.warm_start, op.sequential = False, True
-    op.n_extras += 1  # "continued"
+    # sharing the compiled inner functions; one more extra input, "continued"
+    op = op.replace(warm_start=False, sequential=True, n_extras=op.n_extras + 1)
     x0, *inputs = owner.inputs
     start = pt.as_tensor_variable(start).astype(x0.dtype)
     continued = pt.any(pt.neq(start, x0))

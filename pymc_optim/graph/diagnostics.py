@@ -13,6 +13,7 @@ from pytensor.raise_op import CheckAndRaise
 from pytensor.tensor.elemwise import Elemwise
 from pytensor.tensor.variable import TensorVariable
 
+from pymc_optim.graph import trace as _trace
 from pymc_optim.graph.solver_op import SolverOp
 from pymc_optim.graph.status import SolverStatus, status_names
 from pymc_optim.graph.trace import SolveTrace
@@ -141,7 +142,7 @@ def solver_trace(x_star) -> list[SolveTrace]:
             "`optimizer_kwargs={'trace': True}` (scipy-backed methods). For graph-native "
             "methods use `pmo.solution_info(x_star)` (iterations, evaluations, final value)."
         )
-    return list(op.__dict__.get("_traces", ()))
+    return _trace.recorded(op)
 
 
 def solver_node(x_star) -> tuple[Apply, SolverOp]:

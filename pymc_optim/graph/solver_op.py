@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Sequence
 
@@ -10,7 +11,7 @@ import pytensor
 import pytensor.tensor as pt
 from pytensor.compile.mode import Mode, get_mode
 from pytensor.gradient import DisconnectedType, NullTypeGradError
-from pytensor.graph.basic import Apply, Variable
+from pytensor.graph.basic import Apply, Variable, equal_computations
 from pytensor.graph.fg import FunctionGraph
 from pytensor.graph.op import HasInnerGraph, Op
 from pytensor.graph.replace import graph_replace
@@ -29,6 +30,7 @@ __all__ = [
     "NOT_INVALID_PARAMETERS",
     "ProblemUndefined",
     "SolverOp",
+    "solve_state",
     "graph_call",
     "inner_mode",
     "make_solution",
@@ -92,7 +94,31 @@ class SolverOp(Op, HasInnerGraph):
 
     Subclasses say *what is solved* (`condition`, `value`, the compiled functions they need) and
     implement `solve` with a numerical backend.
+
+    PyTensor's Op contract: an Op is immutable once built. Two Ops are equal when they are of
+    one type, their `__props__` (the options, by value) are equal and their inner graphs compute
+    the same thing (`equal_computations` on `inner_expressions`, inner inputs matched by
+    position), so equal applications merge and `clone` is equal to its original. What a solve
+    keeps for the next one (a warm start, chord steps) is held per compiled node and thread
+    (`solve_state`), never on the Op; the compiled inner functions are a cache of the Op's own
+    graphs (as PyTensor's optimize Ops keep theirs), shared by every node of it.
     """
+
+    #: The options that define the solve besides its inner graph, compared by value; each
+    #: subclass lists its own (and keeps this class's equality, `__init_subclass__`).
+    __props__ = ("n_extras",)
+    #: Attributes that cache what the inner graph determines (compiled on first use, read off
+    #: the graph): never pickled, and the only attributes that change after ``__init__``.
+    CACHES = ("_compiled", "_fgraph", "_graph_errors", "_parameter_checks", "_connected", "_direct")
+    #: The props that change how the solve runs, not the inner functions it compiles.
+    LOOP_OPTIONS: tuple[str, ...] = ("n_extras",)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "__props__" in cls.__dict__:
+            # PyTensor's MetaType wrote props-only methods, blind to the inner graph
+            cls.__eq__, cls.__hash__ = SolverOp.__eq__, SolverOp.__hash__
+            cls.__str__ = SolverOp.__str__
 
     def __init__(
         self,
@@ -130,9 +156,10 @@ class SolverOp(Op, HasInnerGraph):
         """
         raise NotImplementedError
 
-    def solve(self, fns: dict, x0s: list[np.ndarray], params: list, extras: list):
+    def solve(self, fns: dict, x0s: list[np.ndarray], params: list, extras: list, state: dict):
         """Return ``(x_stars, success, n_iterations, n_evaluations, status)``, `status` a
-        `SolverStatus` code; never raise on failure.
+        `SolverStatus` code; never raise on failure. `state` is what the solves of this
+        compiled node keep for each other in this thread (`solve_state`).
 
         `fns` are the compiled inner functions through `guarded_functions`: an error raised by
         the problem's graph arrives as `ProblemUndefined`, which `perform` reports as a failed
@@ -164,12 +191,64 @@ class SolverOp(Op, HasInnerGraph):
         """A compiled inner function of this thread (the first of `numerical_functions`)."""
         return next(iter(self._compiled_functions().values()))
 
+    def inner_expressions(self) -> list[Variable]:
+        """Every inner expression the solve evaluates, on `inner_inputs`: what equality
+        compares. The user's outputs and the optimality condition; subclasses add theirs."""
+        found = list(self.problem.inner_outputs)
+        if self._condition is not None:
+            found += [*self._condition.residual, *self._condition.parts]
+        return found
+
+    def __eq__(self, other):
+        if self is other:
+            return True
+        if type(self) is not type(other) or not _same(self._props(), other._props()):
+            return False
+        layouts = [
+            None if c is None else (c.structure, c.symmetric)
+            for c in (self._condition, other._condition)
+        ]
+        if layouts[0] != layouts[1]:
+            return False
+        return equal_computations(
+            self.inner_expressions(),
+            other.inner_expressions(),
+            self.inner_inputs,
+            other.inner_inputs,
+        )
+
+    def __hash__(self):
+        # (options that do not hash, a scipy `options` dict, are left to __eq__)
+        props = tuple(_hashable(value) for value in self._props())
+        return hash((type(self), props, tuple(var.type for var in self.inner_inputs)))
+
     def clone(self) -> SolverOp:
-        """The Op itself: its inner graph is never modified in place (the backends rewrite
-        compiled copies of it), so sharing it is a faithful clone. Keeping one Op across
-        ``pytensor.function``'s cloning keeps its compiled inner functions, its solver traces
-        and its identity (duplicate applications merge)."""
-        return self
+        """A copy of this Op with its own inner graph (fresh variables throughout), equal to it.
+
+        PyTensor shares inner-graph Ops when it clones a graph; this is for callers that want a
+        copy they own. The copy starts without compiled functions or traces."""
+        twin = object.__new__(type(self))
+        twin.__dict__.update(copy.deepcopy(self.__getstate__()))
+        return twin
+
+    def replace(self, **options) -> SolverOp:
+        """This Op with other values of some of its `__props__`: a new Op sharing this one's
+        inner graph (this one is unchanged), and its compiled inner functions when only
+        `LOOP_OPTIONS` change."""
+        unknown = sorted(set(options) - set(self.__props__))
+        if unknown:
+            raise ValueError(
+                f"`replace` takes options of {type(self).__name__} ({', '.join(self.__props__)}"
+                f"); got {', '.join(unknown)}."
+            )
+        # (not copy.copy, which goes through __getstate__ and so drops the caches)
+        twin = object.__new__(type(self))
+        twin.__dict__.update(self.__dict__)
+        if not set(options) <= set(self.LOOP_OPTIONS):
+            twin.__dict__.pop("_direct", None)
+            twin._compiled = {}
+        twin.__dict__.update(options)
+        return twin
 
     # --- Op interface ------------------------------------------------------------------------
     def make_node(self, *inputs) -> Apply:
@@ -314,7 +393,11 @@ class SolverOp(Op, HasInnerGraph):
         recorder = _trace.Recorder(fns, self.n_controls) if self.trace_limit else None
         try:
             x_stars, success, n_iterations, n_evaluations, status = self.solve(
-                fns if recorder is None else recorder.fns, list(x0s), list(params), list(extras)
+                fns if recorder is None else recorder.fns,
+                list(x0s),
+                list(params),
+                list(extras),
+                solve_state(node),
             )
         except ProblemUndefined as err:
             # e.g. a size known only at run time that disagrees, or a raising Op of the user's
@@ -334,8 +417,7 @@ class SolverOp(Op, HasInnerGraph):
             solve = recorder.finish(
                 params, x0s, x_stars, success, n_iterations, n_evaluations, status
             )
-            traces = self.__dict__.setdefault("_traces", _trace.new_trace_store(self.trace_limit))
-            traces.append(solve)
+            _trace.trace_store(self, self.trace_limit).append(solve)
         for storage, x, inner in zip(output_storage, x_stars, self.problem.inner_xs, strict=False):
             storage[0] = np.asarray(x, dtype=inner.type.dtype).reshape(np.shape(x))
         diagnostics = [(success, "bool"), (n_iterations, "int64"), (n_evaluations, "int64")]
@@ -409,16 +491,52 @@ class SolverOp(Op, HasInnerGraph):
         return [*disconnected, *param_grads, *extras]
 
     def __getstate__(self):
-        state = self.__dict__.copy()
+        state = {k: v for k, v in self.__dict__.items() if k not in self.CACHES}
         state["_compiled"] = {}  # compiled functions do not pickle; recompiled on first use
-        state.pop("_fgraph", None)
-        state.pop("_traces", None)  # traces belong to the process that ran the solves
-        state.pop("_graph_errors", None)  # (found again from the inner graph)
-        state.pop("_parameter_checks", None)
         return state
 
     def __str__(self):
         return f"{type(self).__name__}{{method={getattr(self, 'method', '?')}}}"
+
+
+def solve_state(node: Apply) -> dict:
+    """What the solves of `node` (an Apply of a compiled function: PyTensor clones a graph it
+    compiles, so each compiled function has its own) keep for each other in the calling thread.
+    Starts empty; a copy of the function (``Function.copy``) shares it, by thread as well, and a
+    pickled one starts empty."""
+    states = node.tag.__dict__.get("solve_state")
+    if states is None:
+        states = node.tag.__dict__.setdefault("solve_state", _SolveStates())
+    return states.setdefault(threading.get_ident(), {})
+
+
+class _SolveStates(dict):
+    """Thread id → `solve_state`; pickled empty (the states belong to this process)."""
+
+    def __reduce__(self):
+        return (_SolveStates, ())
+
+
+def _same(a, b) -> bool:
+    """a == b for option values, arrays and containers of them included."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, tuple | list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, np.ndarray):
+        return a.shape == b.shape and a.dtype == b.dtype and bool(np.all(a == b))
+    return bool(a == b)
+
+
+def _hashable(value):
+    """`value`, or None where it does not hash."""
+    try:
+        hash(value)
+    except TypeError:
+        return None
+    return value
 
 
 def _raising_nodes(outputs):

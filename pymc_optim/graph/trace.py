@@ -8,9 +8,10 @@ option nothing is wrapped or recorded: the default path is unchanged.
 How it works: for a traced Op, `SolverOp.perform` hands the solver wrapped copies of its compiled
 inner functions, which log each call's x and outputs; the scipy callbacks in
 :mod:`pymc_optim.backends.scipy.callbacks` report scipy's message (or the exception that ended
-the solve) through :func:`note`. Traces live on the Op, in the process that ran it: with
-``pm.sample(cores>1)`` the chains' processes keep their own (use ``cores=1`` to look at them),
-and they are not pickled.
+the solve) through :func:`note`. Traces are a log kept by this module for each traced Op (by
+identity, released with the Op), in the process that ran it: with ``pm.sample(cores>1)`` the
+chains' processes keep their own (use ``cores=1`` to look at them), and a pickled Op starts
+without any.
 
 The graph-native solvers (``method="newton"``, `fixed_point`) run compiled loops under the
 numba and JAX backends, where no Python code sees the iterations; for them (and for every solver)
@@ -21,13 +22,23 @@ residual norm as ordinary graph outputs, in every backend.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["DEFAULT_SOLVES", "Recorder", "SolveTrace", "note", "trace_limit", "without_trace"]
+__all__ = [
+    "DEFAULT_SOLVES",
+    "Recorder",
+    "SolveTrace",
+    "note",
+    "recorded",
+    "trace_limit",
+    "trace_store",
+    "without_trace",
+]
 
 #: ``trace=True`` keeps the latest 100 solves: enough to catch a failing one among a sampler's
 #: calls, with bounded memory (a solve's trace holds every evaluated x).
@@ -160,5 +171,20 @@ class Recorder:
         )
 
 
-def new_trace_store(limit: int) -> deque:
-    return deque(maxlen=limit)
+#: id(op) → its latest solves; an entry is removed when its Op is garbage-collected.
+_STORES: dict[int, deque] = {}
+
+
+def trace_store(op, limit: int) -> deque:
+    """Where `op`'s solves are recorded: the latest `limit` of them."""
+    key = id(op)
+    store = _STORES.get(key)
+    if store is None:
+        store = _STORES[key] = deque(maxlen=limit)
+        weakref.finalize(op, _STORES.pop, key, None)
+    return store
+
+
+def recorded(op) -> list[SolveTrace]:
+    """`op`'s recorded solves, oldest first (empty if it recorded none)."""
+    return list(_STORES.get(id(op), ()))

@@ -306,7 +306,14 @@ def marginalize_laplace(
         (hessian,) = graphs_at_mode([condition.jacobian()], z, z_star)
         marginal = None
     if warm_start and isinstance(z_star.owner.op, NewtonOp):
-        z_star.owner.op.warm_start = True
+        # the same solve by a warm-starting Op, in every graph built on it
+        solve = z_star.owner
+        warm = solve.op.replace(warm_start=True).make_node(*solve.inputs).outputs
+        built = [z_star, success, hessian] + ([] if marginal is None else [marginal])
+        z_star, success, hessian, *rest = graph_replace(
+            built, dict(zip(solve.outputs, warm, strict=True)), strict=False
+        )
+        marginal = rest[0] if rest else None
     at_mode = {z: z_star}
     d = x0.size
     if marginal is None:  # (a latent-Gaussian covariance form writes its own, without K⁻¹)

@@ -4,7 +4,7 @@ import numpy as np
 import pytensor
 import pytensor.tensor as pt
 import pytest
-from cases import counters, newton_node, poisson_intercepts, raveled, theta_point
+from cases import counters, newton_node, poisson_intercepts, raveled, theta_point, warm_history
 from numpy.testing import assert_allclose
 from pytensor.graph import vectorize_graph
 
@@ -201,7 +201,7 @@ def test_laplace_warm_start_agrees_with_the_cold_start_whatever_the_history():
     f_cold = cold.logp_dlogp_function(ravel_inputs=True)
     for f in (f_warm, f_fresh, f_cold):
         f.set_extra_values({})
-    fresh_history = newton_node(fresh).op._warm_starts()
+    fresh_history = warm_history(f_fresh)
     # the compiled function runs the numpy loop (perform) on the Op that warm-starts
     ops = [n.op for n in f_warm._pytensor_function.maker.fgraph.toposort()]
     assert newton_node(warm).op in ops
@@ -251,29 +251,26 @@ def test_laplace_warm_start_falls_back_to_the_cold_start():
     """A stored mode from which Newton fails (exp(800) overflows: the merit is not finite at
     the start) is abandoned: the solve is repeated from the initial point and gives the result
     of a solve without history exactly; the counters hold both solves and `canonical_step`."""
-    import threading
-
     warm = pmo.marginalize_laplace(poisson_intercepts(), "u", warm_start=True)
     cold = pmo.marginalize_laplace(poisson_intercepts(), "u", warm_start=False)
     f_warm, f_cold = (m.compile_logp(vars=m.potentials) for m in (warm, cold))
     c_warm, c_cold = counters(warm), counters(cold)
-    op = newton_node(warm).op
     theta = theta_point(warm, 0.4, np.log(0.6))
-    stored = op._warm_starts()
     bad = [(np.zeros(3), np.full(30, 800.0))]  # one stored solve: no secant, this start
-    stored[threading.get_ident()] = list(bad)
+    warm_history(c_warm)[:] = bad
     ok, iterations, evaluations = c_warm(*theta.values())
     ok_cold, it_cold, ev_cold = c_cold(*theta.values())
     assert ok and ok_cold
     # the failed start: 1 evaluation, and 1 for the canonical step
     assert iterations == it_cold and evaluations == ev_cold + 2
+    stored = warm_history(f_warm)
     stored.clear()
     without_history = f_warm(theta)
-    stored[threading.get_ident()] = list(bad)
+    stored[:] = bad
     assert f_warm(theta) == without_history
     assert_allclose(without_history, f_cold(theta), rtol=1e-12)
     # a successful solve stored its (finite) mode
-    assert np.all(np.abs(stored[threading.get_ident()][-1][1]) < 10)
+    assert np.all(np.abs(stored[-1][1]) < 10)
 
 
 def test_laplace_warm_start_state_is_not_pickled():
@@ -287,12 +284,14 @@ def test_laplace_warm_start_state_is_not_pickled():
     f = warm.compile_logp(vars=warm.potentials)
     theta = theta_point(warm, 0.4, np.log(0.6))
     reference = f(theta)
+    assert warm_history(f)
     op = newton_node(warm).op
-    assert op._warm_starts()
     for copy in (pickle.loads(pickle.dumps(op)), cloudpickle.loads(cloudpickle.dumps(op))):
-        assert copy.warm_start and "_warm" not in copy.__dict__ and "_direct" not in copy.__dict__
+        assert copy.warm_start and "_direct" not in copy.__dict__
+    f_copy = cloudpickle.loads(cloudpickle.dumps(f))
+    assert not warm_history(f_copy)
+    assert_allclose(f_copy(theta), reference, rtol=1e-8)
     model = cloudpickle.loads(cloudpickle.dumps(warm))
-    assert not newton_node(model).op.__dict__.get("_warm")
     assert_allclose(model.compile_logp(vars=model.potentials)(theta), reference, rtol=1e-8)
 
 

@@ -337,6 +337,151 @@ def test_the_shape_of_the_solution_needs_no_solve():
     np.testing.assert_array_equal(fn(np.ones((3, 4))), [3, 4])
 
 
+# --- PyTensor's Op contract: props, equality, clone, no state on the Op ---------------------
+
+#: One solve of each Op class, built on (x, s, a, b); `options` changes one of its props.
+CONTRACT_CASES = {
+    "minimize-BFGS": lambda x, s, a, b, **o: pmo.minimize(
+        quartic(x, a), x, x0=np.zeros(2), method="BFGS", optimizer_kwargs=o
+    ),
+    "minimize-newton": lambda x, s, a, b, **o: pmo.minimize(
+        quartic(x, a), x, x0=np.zeros(2), method="newton", optimizer_kwargs=o
+    ),
+    "root-hybr": lambda x, s, a, b, **o: pmo.root(
+        cubic_system(x, a), x, x0=np.zeros(2), optimizer_kwargs=o
+    ),
+    "minimize_scalar": lambda x, s, a, b, **o: pmo.minimize_scalar(
+        scalar_objective(s, b), s, x0=0.0, method="brent", optimizer_kwargs=o
+    ),
+    "root_scalar": lambda x, s, a, b, **o: pmo.root_scalar(
+        s**3 - b, s, method="brentq", bracket=(0.0, 3.0), optimizer_kwargs=o
+    ),
+    "fixed_point-anderson": lambda x, s, a, b, **o: pmo.fixed_point(
+        0.5 * pt.cos(x) + 0.1 * a, x, x0=np.zeros(2), method="anderson", **o
+    ),
+    "constrained-SLSQP": lambda x, s, a, b, **o: pmo.minimize(
+        quartic(x, a),
+        x,
+        x0=np.zeros(2),
+        method="SLSQP",
+        constraints=[{"type": "eq", "fun": x.sum() - 1.0}],
+        optimizer_kwargs=o,
+    ),
+    "constrained-newton": lambda x, s, a, b, **o: pmo.minimize(
+        quartic(x, a),
+        x,
+        x0=np.zeros(2),
+        method="newton",
+        constraints=[{"type": "eq", "fun": x.sum() - 1.0}],
+        optimizer_kwargs=o,
+    ),
+}
+
+
+@pytest.fixture(params=sorted(CONTRACT_CASES))
+def contract_case(request, x, s, a, b):
+    name = request.param
+    build = CONTRACT_CASES[name]
+
+    def solve(**options):
+        x_star, _ = build(x, s, a, b, **options)
+        return x_star
+
+    return name, solve, [v for v in (a, b) if v in _graph_inputs(solve())]
+
+
+def _graph_inputs(var):
+    from pytensor.graph.traversal import graph_inputs
+
+    return set(graph_inputs([var]))
+
+
+def _values(inputs):
+    return [A_VAL if var.ndim else np.asarray(B_VAL) for var in inputs]
+
+
+def test_every_solver_op_declares_its_options_as_props(contract_case):
+    _, solve, _ = contract_case
+    op = solve().owner.op
+    assert "__props__" in type(op).__dict__ or type(op).__mro__[1].__dict__.get("__props__")
+    assert set(op._props_dict()) == set(type(op).__props__)
+    assert "n_extras" in op.__props__ and op._props_dict()["n_extras"] == op.n_extras
+
+
+def test_solves_built_alike_are_equal_and_merge(contract_case):
+    """Two solves of one graph built separately are equal Ops (same hash) and compile to one
+    node; another value of an option makes another Op."""
+    name, solve, inputs = contract_case
+    first, second = solve(), solve()
+    assert first.owner.op == second.owner.op and first.owner.op is not second.owner.op
+    assert hash(first.owner.op) == hash(second.owner.op)
+    fn = pytensor.function(inputs, [first, second], mode="FAST_RUN")
+    solvers = [n for n in fn.maker.fgraph.toposort() if isinstance(n.op, SolverOp)]
+    assert len(solvers) == 1
+    one, two = fn(*_values(inputs))
+    np.testing.assert_array_equal(one, two)
+    # (scipy's root_scalar takes its tolerance as `xtol`, the others as `tol`)
+    other = solve(**{"xtol" if name == "root_scalar" else "tol": 1e-3})
+    assert other.owner.op != first.owner.op
+
+
+def test_a_clone_has_its_own_inner_graph_and_computes_the_same(contract_case):
+    _, solve, inputs = contract_case
+    x_star = solve()
+    op = x_star.owner.op
+    twin = op.clone()
+    assert twin is not op and twin == op and hash(twin) == hash(op)
+    assert not {*twin.inner_inputs, *twin.inner_outputs} & {*op.inner_inputs, *op.inner_outputs}
+    cloned = twin.make_node(*x_star.owner.inputs).outputs[0]
+    fn = pytensor.function(inputs, [x_star, cloned], mode="FAST_RUN")
+    original, copy = fn(*_values(inputs))
+    np.testing.assert_array_equal(original, copy)
+
+
+def test_compiling_and_solving_leave_the_op_as_it_was_built(contract_case):
+    """Nothing but the caches of what the inner graph determines (`SolverOp.CACHES`) changes
+    on an Op once its node exists: not its options, not its attributes' values."""
+    _, solve, inputs = contract_case
+    x_star = solve()
+    op = x_star.owner.op
+    before = {k: v for k, v in op.__dict__.items() if k not in SolverOp.CACHES}
+    outputs = [x_star, *pt.grad(x_star.sum(), inputs)]
+    for mode in ("FAST_RUN", "NUMBA"):
+        fn = pytensor.function(inputs, outputs, mode=mode)
+        fn(*_values(inputs))
+        fn(*_values(inputs))
+    after = {k: v for k, v in op.__dict__.items() if k not in SolverOp.CACHES}
+    assert after.keys() == before.keys()
+    assert all(after[k] is before[k] for k in before)
+
+
+def test_replace_makes_a_new_op_and_checks_its_options(x, a):
+    x_star, _ = pmo.minimize(quartic(x, a), x, x0=np.zeros(2), method="newton")
+    op = x_star.owner.op
+    looser = op.replace(tol=1e-3)
+    assert looser.tol == 1e-3 and op.tol != 1e-3 and looser != op
+    assert looser._compiled is op._compiled  # (the loop's options: the same inner functions)
+    y_star, _ = pmo.minimize(quartic(x, a), x, x0=np.zeros(2), method="BFGS")
+    scipy_op = y_star.owner.op
+    other = scipy_op.replace(method="L-BFGS-B")
+    assert other.method == "L-BFGS-B" and other._compiled is not scipy_op._compiled
+    with pytest.raises(ValueError, match=r"`replace` takes options of NewtonOp .*got bogus"):
+        op.replace(bogus=1)
+
+
+def test_warm_start_history_belongs_to_each_compiled_function():
+    """Two functions compiled from one warm-starting marginal keep separate histories: the
+    second one's first solve at θ starts cold although the first solved there already."""
+    from cases import counters, poisson_intercepts
+
+    warm = pmo.marginalize_laplace(poisson_intercepts(), "u", warm_start=True)
+    first, second = counters(warm), counters(warm)
+    theta = (0.4, np.log(0.6))
+    _, cold_iterations, _ = first(*theta)
+    assert first(*theta)[1] == 0  # from its own last mode
+    assert second(*theta)[1] == cold_iterations > 0
+
+
 # --- pickling -------------------------------------------------------------------------------
 
 

@@ -51,6 +51,8 @@ class ConstrainedMinimizeOp(SolverOp):
     differentiates them together with x*.
     """
 
+    __props__ = ("n_extras", "method", "options", "kinds", "n_bounds")
+
     def __init__(self, problem: InnerProblem, *, kkt: KKT, method: str, options):
         super().__init__(problem)
         self._kkt = kkt
@@ -61,6 +63,16 @@ class ConstrainedMinimizeOp(SolverOp):
     @property
     def kkt(self) -> KKT:
         return self._kkt
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The constraints' kinds, in order (the KKT's rows)."""
+        return tuple(self._kkt.kinds)
+
+    @property
+    def n_bounds(self) -> int:
+        """2 with bounds on x (lower and upper inner parameters), 0 without."""
+        return len(self._kkt.bounds)
 
     @property
     def condition(self) -> OptimalityCondition:
@@ -104,7 +116,7 @@ class ConstrainedMinimizeOp(SolverOp):
         fns["kkt"] = kkt.fixed_set_system()
         return fns
 
-    def solve(self, fns, x0s, params, extras):
+    def solve(self, fns, x0s, params, extras, state):
         x0, zero_multipliers = x0s[0], list(x0s[1:])
         problem = _NumericalProblem(self._kkt, fns, x0, zero_multipliers, params)
         x_hat, success, nit, nfev, status = _scipy.minimize_constrained(

@@ -11,8 +11,6 @@ is all they share.
 
 from __future__ import annotations
 
-from functools import cached_property
-
 import numpy as np
 import pytensor.tensor as pt
 from pytensor.gradient import NullTypeGradError, grad
@@ -60,6 +58,8 @@ _CURVATURE_TOL = 1.5e-8
 # Each Op keeps its options as attributes, one line each, as NewtonOp does.
 class MinimizeOp(SolverOp):
     """x* = argminₓ f(x, θ) by :func:`scipy.optimize.minimize`; see :func:`minimize`."""
+
+    __props__ = ("n_extras", "method", "jac", "hess", "options", "no_gradient")
 
     def __init__(
         self,
@@ -126,7 +126,7 @@ class MinimizeOp(SolverOp):
             fns["hessp"] = (ps, grad(gp, self.problem.inner_xs, disconnected_inputs="ignore"))
         return fns
 
-    def solve(self, fns, x0s, params, extras):
+    def solve(self, fns, x0s, params, extras, state):
         x_stars, success, n_iterations, n_evaluations, status = _scipy.minimize(
             fns,
             x0s,
@@ -151,6 +151,8 @@ class MinimizeOp(SolverOp):
 class RootOp(SolverOp):
     """x* with F(x*, θ) = 0 by :func:`scipy.optimize.root`; see :func:`root`."""
 
+    __props__ = ("n_extras", "method", "jac", "options")
+
     def __init__(
         self, problem: InnerProblem, *, condition: OptimalityCondition, method: str, jac, options
     ):
@@ -170,7 +172,7 @@ class RootOp(SolverOp):
             }
         return {"equations": ([], list(self.problem.inner_outputs))}
 
-    def solve(self, fns, x0s, params, extras):
+    def solve(self, fns, x0s, params, extras, state):
         return _scipy.root(
             fns, x0s, params, method=self.method, use_jac=self.jac, options=self.options
         )
@@ -178,6 +180,8 @@ class RootOp(SolverOp):
 
 class MinimizeScalarOp(SolverOp):
     """x* = argminₓ f(x, θ) for scalar x by :func:`scipy.optimize.minimize_scalar`."""
+
+    __props__ = ("n_extras", "method", "options", "xatol")
 
     def __init__(
         self,
@@ -195,17 +199,14 @@ class MinimizeScalarOp(SolverOp):
         self.options = options
         xatol = options.get("options", {}).get("xatol", _BOUNDED_XATOL)
         self.xatol = xatol
+        self._slope = grad(self.value, self.problem.inner_xs[0])
+        self._condition = self._kkt_condition()
 
     @property
     def value(self) -> TensorVariable:
         return self.problem.inner_outputs[0]
 
-    @cached_property
-    def _slope(self) -> TensorVariable:
-        return grad(self.value, self.problem.inner_xs[0])
-
-    @cached_property
-    def condition(self) -> OptimalityCondition:
+    def _kkt_condition(self) -> OptimalityCondition:
         (x,) = self.problem.inner_xs
         residual = self._slope
         if self.inner_bounds:
@@ -221,7 +222,7 @@ class MinimizeScalarOp(SolverOp):
     def numerical_functions(self):
         return {"value": ([], [self.value]), "slope": ([], [self._slope])}
 
-    def solve(self, fns, x0s, params, extras):
+    def solve(self, fns, x0s, params, extras, state):
         (x0,) = x0s
         bracket = tuple(float(b) for b in extras) or None
         if bracket is None and self.method != "bounded":
@@ -258,6 +259,8 @@ class MinimizeScalarOp(SolverOp):
 class RootScalarOp(SolverOp):
     """x* with F(x*, θ) = 0 for scalar x by :func:`scipy.optimize.root_scalar`."""
 
+    __props__ = ("n_extras", "method", "options")
+
     def __init__(
         self,
         problem: InnerProblem,
@@ -285,7 +288,7 @@ class RootScalarOp(SolverOp):
             fns["fprime2"] = ([], [grad(fprime, self.problem.inner_xs[0])])
         return fns
 
-    def solve(self, fns, x0s, params, extras):
+    def solve(self, fns, x0s, params, extras, state):
         bracket = tuple(float(b) for b in extras) or None
         return _scipy.root_scalar(
             fns, x0s[0], params, method=self.method, bracket=bracket, options=self.options
