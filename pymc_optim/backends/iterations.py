@@ -430,25 +430,7 @@ def check_size(values, z, what: str) -> None:
 
 def solve(structure, A, F):
     """A⁻¹ F, NaN in the blocks (or diagonal entries) where A is singular."""
-    if structure.kind == "diagonal" and A.all():  # (no zero entry; NaN counts as nonzero)
-        return F / A
-    try:
-        return structure.solve_numpy(A, F)
-    except np.linalg.LinAlgError:
-        pass
-    if structure.kind == "diagonal":
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(A != 0, F / np.where(A != 0, A, 1.0), np.nan)
-    if structure.kind != "block_diagonal":  # one system (dense, sparse, latent Gaussian)
-        return np.full_like(F, np.nan)
-    b = structure.block_size
-    out = np.full((A.shape[0], b), np.nan)
-    for j, (block, rhs) in enumerate(zip(A, F.reshape(-1, b), strict=True)):
-        try:
-            out[j] = np.linalg.solve(block, rhs)
-        except np.linalg.LinAlgError:
-            pass
-    return out.reshape(-1)
+    return structure.solve_or_nan_numpy(A, F)
 
 
 def positive_definite(structure, A, owner, n_problems):

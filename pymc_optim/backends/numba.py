@@ -145,19 +145,14 @@ def _numba_function(inputs, outputs):
 
 @functools.cache
 def _solve_function(structure: LinearStructure):
-    """d = A⁻¹ F with A compact in `structure`, NaN where LAPACK finds A singular.
+    """d = A⁻¹ F with A compact in `structure`, NaN where A is singular: the structure's
+    `solve_or_nan`, the graph of the numpy loop's `solve_or_nan_numpy`.
 
     One per structure and process: numba compiles it once for all the Ops that use it.
     """
-    if structure.kind == "diagonal":
-        return _solve_diagonal, "diagonal"
     A = pt.tensor("A", dtype="float64", shape=(None,) * structure.compact_ndim)
     F = pt.vector("F", dtype="float64")
-    # LU (getrf + getrs) as numpy.linalg.solve in the numpy loop; a sparse Hessian is symmetric
-    # positive definite by construction and factorized by Cholesky, as its `solve_numpy` does
-    # (a sparse Jacobian's solve is its sparse LU, whatever `symmetric` says)
-    d = structure.solve(A, F, transposed=False, symmetric=structure.kind == "sparse")
-    solve_fn, key = _numba_function([A, F], [d])
+    solve_fn, key = _numba_function([A, F], [structure.solve_or_nan(A, F)])
 
     @_njit
     def solve(A, F):
@@ -222,15 +217,6 @@ def _all_finite(v):
         if not np.isfinite(v[i]):
             return False
     return True
-
-
-@_njit
-def _solve_diagonal(A, F):
-    """F / A, NaN where a diagonal entry is zero (as the numpy loop's `_iterations.solve`)."""
-    out = np.empty(F.size)
-    for i in range(A.size):
-        out[i] = F[i] / A[i] if A[i] != 0.0 else np.nan
-    return out
 
 
 @_njit

@@ -147,9 +147,9 @@ class BorderedStructure(LinearStructure):
         v = xp.linalg.solve(0.5 * (G + G.T), B @ y - g)
         return xp.concatenate([y - W @ v, v])
 
-    def positive_definite_numpy(self, A: np.ndarray) -> np.ndarray:
-        """`positive_definite` with numpy."""
-        return self.hessian.positive_definite_numpy(A)
+    def positive_definite_numpy(self, A: np.ndarray, margin: float = 0.0) -> np.ndarray:
+        """`positive_definite` with numpy (of H − margin·I)."""
+        return self.hessian.positive_definite_numpy(A, margin=margin)
 
     def dense_matrix(self, A, xp=np):
         """K as an (n + k, n + k) array (tests and small problems)."""

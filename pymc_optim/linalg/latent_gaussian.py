@@ -232,15 +232,16 @@ class LatentGaussianStructure(LinearStructure):
         t = K @ rhs
         return t - K @ (s * cho_solve((L, True), s * t))
 
-    def positive_definite_numpy(self, A: np.ndarray) -> np.ndarray:
-        """Whether A is positive definite. Covariance form: K⁻¹ + W = L_K⁻ᵀ M L_K⁻¹ with
-        M = I + L_Kᵀ W L_K; when w ≥ 0, M ≥ I is positive definite whenever L_K exists, so one
-        factorization (of K) decides, as in the graph form."""
+    def positive_definite_numpy(self, A: np.ndarray, margin: float = 0.0) -> np.ndarray:
+        """Whether A − margin·I is positive definite. Covariance form: K⁻¹ + W − margin·I =
+        L_K⁻ᵀ M L_K⁻¹ with M = I + L_Kᵀ (W − margin·I) L_K; when w − margin ≥ 0, M ≥ I is
+        positive definite whenever L_K exists, so one factorization (of K) decides, as in the
+        graph form."""
         try:
             if self.form == "precision":
-                _cholesky_numpy(A)
+                _cholesky_numpy(A - margin * np.eye(A.shape[-1]) if margin else A)
             else:
-                K, w = A[:-1], A[-1]
+                K, w = A[:-1], A[-1] - margin
                 L_K = _cholesky_numpy(K)
                 if not np.all(w >= 0):
                     L = np.tril(L_K)
@@ -335,7 +336,14 @@ class CovarianceConditionStructure(LinearStructure):
         s, L = _b_factor_jax(K, w)
         return rhs - K @ (s * cho_solve((L, True), s * rhs))
 
-    def positive_definite_numpy(self, A: np.ndarray) -> np.ndarray:
+    def positive_definite_numpy(self, A: np.ndarray, margin: float = 0.0) -> np.ndarray:
+        """Whether B = I + W^½ K W^½ is positive definite: the condition (I + K W) x = r of the
+        covariance-form Newton solve is not a minimum's Hessian, so no margin applies."""
+        if margin:
+            raise ValueError(
+                "`margin` does not apply to the covariance-form condition I + K W (not a "
+                f"Hessian); got margin={margin}. Test `LatentGaussianStructure` instead."
+            )
         try:
             _b_factor_numpy(A[:-1], A[-1])
         except np.linalg.LinAlgError:

@@ -262,9 +262,7 @@ class LowRankUpdateStructure(LinearStructure):
         pattern = self.sparse.pattern
         if margin:
             S = S.copy()
-            diagonal = np.flatnonzero(pattern.rows == pattern.cols)
-            _, first = np.unique(pattern.rows[diagonal], return_index=True)
-            S[diagonal[first]] -= margin
+            S[self.sparse._diagonal_entries()] -= margin
         try:
             Y = self._factor_numpy(S)(self.loadings.T)
             G = self.loadings @ Y

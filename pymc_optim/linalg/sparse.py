@@ -411,11 +411,19 @@ class SparseStructure(LinearStructure):
         """One boolean: the numeric Cholesky factorization of A − margin·I succeeds."""
         if margin:
             A = np.array(A, dtype=np.float64)
-            diagonal = np.flatnonzero(self.pattern.rows == self.pattern.cols)
-            # a duplicated diagonal entry is summed: the margin comes off its first copy only
-            _, first = np.unique(self.pattern.rows[diagonal], return_index=True)
-            A[diagonal[first]] -= margin
+            A[self._diagonal_entries()] -= margin
         return np.array([self.pattern._factor(A)[0] is not None])
+
+    def _diagonal_entries(self) -> np.ndarray:
+        """The positions of the diagonal among the values, one per row: a duplicated diagonal
+        entry is summed, so a shift of the diagonal goes to its first copy only."""
+        diagonal = np.flatnonzero(self.pattern.rows == self.pattern.cols)
+        _, first = np.unique(self.pattern.rows[diagonal], return_index=True)
+        return diagonal[first]
+
+    def solve_or_nan(self, A, F) -> TensorVariable:
+        # (A is positive definite by construction here: Cholesky, as `solve_numpy` does)
+        return self.solve(A, F, transposed=False, symmetric=True)
 
     @property
     def compact_ndim(self) -> int:
@@ -494,7 +502,10 @@ class StackedSparseStructure(SparseStructure):
         """One boolean per problem: its block's sparse log-determinant is finite."""
         return _finite(self.pattern.logdet(A))
 
-    def positive_definite_numpy(self, A: np.ndarray) -> np.ndarray:
+    def positive_definite_numpy(self, A: np.ndarray, margin: float = 0.0) -> np.ndarray:
+        if margin:
+            A = np.array(A, dtype=np.float64)
+            A[:, self._diagonal_entries()] -= margin
         return np.array([lx is not None for lx in self.pattern._factors(A)], dtype=bool)
 
     def finite(self, A) -> TensorVariable:

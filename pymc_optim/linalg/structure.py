@@ -160,12 +160,46 @@ class LinearStructure:
             return np.isfinite(A).all(axis=(-2, -1))
         return np.isfinite(A).all()[None]
 
-    def positive_definite_numpy(self, A: np.ndarray) -> np.ndarray:
-        """`positive_definite` with numpy (Cholesky per block), for the numpy Newton loop."""
+    def solve_or_nan(self, A: TensorVariable, F: TensorVariable) -> TensorVariable:
+        """A⁻¹F in the graph as `solve_or_nan_numpy` computes it (the compiled Newton loops'
+        direction): LU as numpy.linalg.solve, NaN where a diagonal entry is zero."""
         if self.kind == "diagonal":
-            return A > 0  # False for NaN
+            return pt.switch(pt.neq(A, 0), F / pt.switch(pt.neq(A, 0), A, 1.0), np.nan)
+        return self.solve(A, F, transposed=False, symmetric=False)
+
+    def solve_or_nan_numpy(self, A: np.ndarray, F: np.ndarray) -> np.ndarray:
+        """A⁻¹F, NaN in the independent parts of A (diagonal entries, blocks; all of a single
+        system) that are singular: the numpy Newton loop's direction."""
+        if self.kind == "diagonal" and A.all():  # (no zero entry; NaN counts as nonzero)
+            return F / A
+        try:
+            return self.solve_numpy(A, F)
+        except np.linalg.LinAlgError:
+            pass
+        if self.kind == "diagonal":
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return np.where(A != 0, F / np.where(A != 0, A, 1.0), np.nan)
+        if self.kind != "block_diagonal":
+            return np.full_like(F, np.nan)
+        b = self.block_size
+        out = np.full((A.shape[0], b), np.nan)
+        for j, (block, rhs) in enumerate(zip(A, F.reshape(-1, b), strict=True)):
+            try:
+                out[j] = np.linalg.solve(block, rhs)
+            except np.linalg.LinAlgError:
+                pass
+        return out.reshape(-1)
+
+    def positive_definite_numpy(self, A: np.ndarray, margin: float = 0.0) -> np.ndarray:
+        """`positive_definite` with numpy, of A − margin·I (Cholesky per block): one boolean
+        per independent part of A. The numpy Newton loop tests A itself; scipy's methods test
+        their minimum with a margin."""
+        if self.kind == "diagonal":
+            return A > margin  # False for NaN
         blocks = A if self.kind == "block_diagonal" else A[None]
         good = np.all(np.isfinite(blocks), axis=(1, 2))
+        if margin:
+            blocks = blocks - margin * np.eye(blocks.shape[-1])
         try:
             np.linalg.cholesky(blocks)
         except np.linalg.LinAlgError:

@@ -297,21 +297,10 @@ class RootScalarOp(SolverOp):
 
 def _is_positive_definite(hessian: np.ndarray, structure) -> bool:
     """Whether the symmetric `hessian` (compact form of `structure`) is positive definite with
-    margin _CURVATURE_TOL: a Cholesky factorization of H − τI succeeds (one O(n³), O(G b³), or
-    sparse, pass)."""
+    margin _CURVATURE_TOL: the structure's factorization of H − τI succeeds (one O(n³), O(G b³),
+    or sparse, pass)."""
     hessian = np.asarray(hessian, dtype="float64")
     if not np.all(np.isfinite(hessian)):
         return False
     tau = _CURVATURE_TOL * max(1.0, float(np.max(np.abs(hessian), initial=0.0)))
-    if structure.kind == "diagonal":
-        return bool(np.all(hessian > tau))
-    if structure.kind == "sparse":  # H's lower triangle on the pattern
-        return bool(np.all(structure.positive_definite_numpy(hessian, margin=tau)))
-    if structure.kind not in ("dense", "block_diagonal"):  # a structure's own test, no margin
-        return bool(np.all(structure.positive_definite_numpy(hessian)))
-    shifted = 0.5 * (hessian + np.swapaxes(hessian, -1, -2)) - tau * np.eye(hessian.shape[-1])
-    try:
-        np.linalg.cholesky(shifted)
-    except np.linalg.LinAlgError:
-        return False
-    return True
+    return bool(np.all(structure.positive_definite_numpy(hessian, margin=tau)))

@@ -315,7 +315,8 @@ class KKTStructure(LinearStructure):
         dl = xp.linalg.solve(J @ Yj, r2 - J @ y1)
         return xp.concatenate([y1 + Yj @ dl, dl])
 
-    def positive_definite_numpy(self, A: np.ndarray) -> np.ndarray:
+    def positive_definite_numpy(self, A: np.ndarray, margin: float = 0.0) -> np.ndarray:
+        """True (see `positive_definite`)."""
         return np.array([True])
 
 
