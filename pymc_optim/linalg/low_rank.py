@@ -259,7 +259,6 @@ class LowRankUpdateStructure(LinearStructure):
     def positive_definite_numpy(self, A: np.ndarray, margin: float = 0.0) -> np.ndarray:
         """One boolean: H − margin·I is positive definite (S − margin·I and G⁻¹ + C are)."""
         S, C = self._parts_numpy(A)
-        pattern = self.sparse.pattern
         if margin:
             S = S.copy()
             S[self.sparse._diagonal_entries()] -= margin
