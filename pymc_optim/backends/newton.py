@@ -63,9 +63,10 @@ class NewtonOp(SolverOp):
         batch, :mod:`pymc_optim.backends.vectorize`): the merit then has the batch's shape (one
         value per problem) and `success` and the counters are reported per problem, batch-shaped.
     warm_start : bool, default False
-        Start each solve from the last successful solution of this Op in this thread instead of
-        x0 (see `warm_start_point`), and end every solve with `canonical_step` (one more
-        evaluation) so that the result does not depend on that start, bit for bit;
+        Start each solve from the last successful solution of this node of a compiled function
+        in this thread instead of x0 (see `warm_start_point`), and end every solve with
+        `canonical_step` (one more evaluation) so that the result does not depend on that start,
+        bit for bit;
         :func:`pymc_optim.marginalize_laplace` turns it on. The numpy loop keeps that state per
         compiled node and thread (`solve_state`), the numba loop in per-thread buffers
         (`backends.numba_runtime`); JAX starts from x0.
@@ -74,11 +75,11 @@ class NewtonOp(SolverOp):
     method = "newton"
     #: With `warm_start`: extrapolate along the last two solutions (`warm_start_point`).
     predictor = True
-    #: Start each solve with chord steps on the Jacobian of this Op's last successful solve in
-    #: this thread (unless the last extra input, "continued", is False), and return the last
-    #: evaluated iterate instead of taking the final Newton step (`iterations.newton`'s `chord`
-    #: and ``final_step=False``): set on the copies that `sequential_solve` makes; numpy and
-    #: numba loops (JAX takes plain Newton steps).
+    #: Start each solve with chord steps on the Jacobian of the last successful solve of this
+    #: compiled node in this thread (unless the last extra input, "continued", is False), and
+    #: return the last evaluated iterate instead of taking the final Newton step
+    #: (`iterations.newton`'s `chord` and ``final_step=False``): set on the Ops that
+    #: `sequential_solve` makes; numpy and numba loops (JAX takes plain Newton steps).
     sequential = False
 
     __props__ = (
