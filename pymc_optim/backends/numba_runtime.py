@@ -1,6 +1,7 @@
 """What compiled numba code needs from the process: per-thread buffers kept between calls (warm
-starts, chord steps, the last sparse factor), the calling thread's BLAS thread count, and the
-counting of and warning on failed solves.
+starts, chord steps, the last sparse factor), read-only arrays registered by the process (a
+sparse pattern's symbolic analysis), the calling thread's BLAS thread count, and the counting of
+and warning on failed solves.
 
 A numba function cannot hold mutable state of its own: a global array is frozen into the
 compiled code as a constant. The solvers ask for their buffer at each call instead, through one
@@ -36,6 +37,9 @@ __all__ = [
     "BLAS_THREADS_SETTABLE",
     "MAX_THREADS",
     "copy_into",
+    "register_arrays",
+    "registered_array",
+    "registered_arrays",
     "count_failure",
     "failure_key",
     "warn_failure",
@@ -105,6 +109,61 @@ def solver_buffer(key, size):
     if address == 0:
         return np.zeros(0)
     return numba.carray(_as_array_pointer(address), (size,))
+
+
+# --- int64 arrays of the process, read by compiled code ---------------------------------------
+#: key → [address 0, size 0, address 1, size 1, ...] of the registered arrays, and the arrays.
+_TABLES: dict[int, tuple[np.ndarray, tuple[np.ndarray, ...]]] = {}
+
+
+def register_arrays(key: int, arrays) -> None:
+    """Make `arrays` (int64, as they are or as contiguous copies) readable from compiled code as
+    ``registered_array(registered_arrays(key, len(arrays)), i)``, for the life of the process.
+    Code that reads them holds no copy (a numba constant array over 1 MB makes a function
+    uncacheable, and any constant array is compiled into its machine code); the first
+    registration under a key is kept."""
+    if key in _TABLES:
+        return
+    kept = tuple(np.ascontiguousarray(a, dtype=np.int64) for a in arrays)
+    table = np.array([v for a in kept for v in (a.ctypes.data, a.size)], dtype=np.int64)
+    _TABLES[key] = (table, kept)
+
+
+def _table(key: int, count: int) -> int:
+    """The address of `key`'s table of `count` arrays, 0 if there is none."""
+    found = _TABLES.get(key)
+    if found is None or found[0].size != 2 * count:
+        return 0
+    return found[0].ctypes.data
+
+
+_table_address = _python_callable("array_table", _table, 2)
+
+
+@intrinsic
+def _as_int64_pointer(typingctx, address):
+    """An int64 address as an int64 pointer (for `numba.carray`)."""
+    signature = types.CPointer(types.int64)(types.int64)
+
+    def codegen(context, builder, sig, args):
+        return builder.inttoptr(args[0], context.get_value_type(sig.return_type))
+
+    return signature, codegen
+
+
+@numba.njit(cache=True)
+def registered_arrays(key, count):
+    """The table of the `count` arrays registered under `key` (numba code only)."""
+    address = _table_address(key, count)
+    if address == 0:
+        raise RuntimeError("pymc_optim: arrays read by compiled code are not registered")
+    return numba.carray(_as_int64_pointer(address), (2 * count,))
+
+
+@numba.njit(cache=True)
+def registered_array(table, i):
+    """Array `i` of a `registered_arrays` table (numba code only; read it, never write)."""
+    return numba.carray(_as_int64_pointer(table[2 * i]), (table[2 * i + 1],))
 
 
 @numba.njit(cache=True)

@@ -1,7 +1,12 @@
 """Numba implementations of the sparse Cholesky Ops (`pymc_optim.linalg.sparse`).
 
 Each Op runs the numba kernels of `pymc_optim.linalg._cholesky` on its pattern's symbolic
-analysis, which the compiled function holds as constants (index arrays of the factor's size).
+analysis, which the process registers (`numba_runtime.register_arrays`, when PyTensor funcifies
+the node) and the kernels read at run time: the kernels hold no pattern, so they are compiled
+once per process (and kept on numba's disk cache) for every pattern of every size, and called
+through their addresses (`numba_outline.outlined`); what is compiled per pattern is a wrapper
+holding the pattern's key. (Held as constants, the index arrays of the factor's size were
+compiled into every Op's machine code, and past 1 MB made it uncacheable.)
 As the numpy path caches the last factor per pattern and thread (`SparsePattern._last`), a
 one-matrix factorization is kept in a `numba_runtime` buffer under the pattern's key: the log
 determinant and its gradient's selected inverse, or a solve and its pullback, at the same
@@ -22,6 +27,8 @@ from pymc_optim.backends.numba_outline import outlined, register_outlined
 from pymc_optim.backends.numba_runtime import (
     BLAS_THREADS_SETTABLE,
     copy_into,
+    registered_array,
+    registered_arrays,
     set_blas_threads,
     solver_buffer,
 )
@@ -43,6 +50,34 @@ _SOURCE_KEY = sha256(
     + Path(numba_runtime.__file__).read_bytes()
 ).hexdigest()
 
+#: The arrays of a pattern's symbolic analysis the kernels read, registered in this order.
+_FIELDS = (
+    "sn_start",
+    "sn_xptr",
+    "col_to_sn",
+    "sn_rowptr",
+    "sn_rows",
+    "x_map",
+    "perm",
+    "diag_slots",
+)
+_SN_START, _SN_XPTR, _COL_TO_SN, _SN_ROWPTR, _SN_ROWS, _X_MAP, _PERM, _DIAG_SLOTS = range(8)
+_N_FIELDS = len(_FIELDS)
+
+
+def _register(pattern: SparsePattern) -> int:
+    """The integer key under which `pattern`'s analysis is registered for the kernels (and its
+    last factor kept): the same in every process."""
+    key = 2 * (int(pattern._key[:15], 16) >> 1)
+    analysis = pattern._analysis()
+    numba_runtime.register_arrays(key, [getattr(analysis, name) for name in _FIELDS])
+    return key
+
+
+def _kernel_key(name: str) -> str:
+    parts = (name, _SOURCE_KEY, _cholesky.GEMM_MIN, _cholesky.LAPACK_MIN, BLAS_THREADS_SETTABLE)
+    return sha256(str(parts).encode()).hexdigest()
+
 
 def _cache_key(op, node) -> str:
     parts = (
@@ -58,89 +93,119 @@ def _cache_key(op, node) -> str:
     return sha256(str(parts).encode()).hexdigest()
 
 
-def _factor_function(pattern: SparsePattern):
-    """``factor(values, cached)`` → (x, failed): the supernodal factor of the matrix with these
-    values (its block layout, `_cholesky.factorize`) and the failing pivot (−1 when positive
-    definite). With `cached`, this thread's last factor on the pattern when the values are
-    equal (x is then a view of the buffer: the callers only read it)."""
-    s = pattern._analysis()
-    sn_start, sn_xptr, col_to_sn = s.sn_start, s.sn_xptr, s.col_to_sn
-    sn_rowptr, sn_rows, x_map = s.sn_rowptr, s.sn_rows, s.x_map
-    x_size, nnz = int(s.sn_xptr[-1]), pattern.nnz
-    gemm_min, lapack_min = _cholesky.GEMM_MIN, _cholesky.LAPACK_MIN
-    numeric = _cholesky._numeric_supernodal
+@numba_njit
+def _factorize(table, values):
+    """The supernodal factor of the matrix with these values (its block layout,
+    `_cholesky.factorize`) and the failing pivot (−1 when positive definite)."""
+    sn_xptr, x_map = registered_array(table, _SN_XPTR), registered_array(table, _X_MAP)
+    x = np.zeros(sn_xptr[sn_xptr.size - 1])
+    for e in range(x_map.size):
+        x[x_map[e]] += values[e]
+    failed = _cholesky._numeric_supernodal(
+        registered_array(table, _SN_START),
+        sn_xptr,
+        registered_array(table, _COL_TO_SN),
+        registered_array(table, _SN_ROWPTR),
+        registered_array(table, _SN_ROWS),
+        x,
+        _cholesky.GEMM_MIN,
+        _cholesky.LAPACK_MIN,
+    )
+    return x, failed
+
+
+@numba_njit
+def _factor_kernel(key, values, cached):
+    """``factor(key, values, cached)`` → (x, failed) for the pattern registered under `key`;
+    with `cached`, this thread's last factor on the pattern when the values are equal (x is
+    then a view of the buffer: the callers only read it)."""
+    table = registered_arrays(key, _N_FIELDS)
+    if not cached:
+        return _factorize(table, values)
+    nnz = values.size
+    sn_xptr = registered_array(table, _SN_XPTR)
+    x_size = sn_xptr[sn_xptr.size - 1]
     # the cache: [1 if filled, failed pivot, values (nnz), factor (x_size)]
-    key = 2 * (int(pattern._key[:15], 16) >> 1)
-
-    @numba_njit
-    def factorize(values):
-        x = np.zeros(x_size)
+    state = solver_buffer(key, 2 + nnz + x_size)
+    if state.size == 0:
+        return _factorize(table, values)
+    if state[0] == 1.0:
+        same = True
         for e in range(nnz):
-            x[x_map[e]] += values[e]
-        failed = numeric(sn_start, sn_xptr, col_to_sn, sn_rowptr, sn_rows, x, gemm_min, lapack_min)
-        return x, failed
-
-    @numba_njit
-    def factor(values, cached):
-        if not cached:
-            return factorize(values)
-        state = solver_buffer(key, 2 + nnz + x_size)
-        if state.size == 0:
-            return factorize(values)
-        if state[0] == 1.0:
-            same = True
-            for e in range(nnz):
-                if state[2 + e] != values[e]:
-                    same = False
-                    break
-            if same:
-                return state[2 + nnz :], np.int64(state[1])
-        x, failed = factorize(values)
-        state[0] = 0.0  # (filled last: an interrupted write leaves it empty)
-        state[1] = failed
-        copy_into(state, 2, values)
-        copy_into(state, 2 + nnz, x)
-        state[0] = 1.0
-        return x, failed
-
-    # compiled once per pattern, whichever Ops call it (log det, selected inverse, solves)
-    parts = ("factor", pattern._key, _SOURCE_KEY, gemm_min, lapack_min, BLAS_THREADS_SETTABLE)
-    return outlined(factor, sha256(str(parts).encode()).hexdigest())
+            if state[2 + e] != values[e]:
+                same = False
+                break
+        if same:
+            return state[2 + nnz :], np.int64(state[1])
+    x, failed = _factorize(table, values)
+    state[0] = 0.0  # (filled last: an interrupted write leaves it empty)
+    state[1] = failed
+    copy_into(state, 2, values)
+    copy_into(state, 2 + nnz, x)
+    state[0] = 1.0
+    return x, failed
 
 
-def _right_hand_side_kernel(pattern: SparsePattern, *, permute, forward, backward, unpermute):
-    """``kernel(x, b)`` for b of shape (n,) or (n, k), from the factor x: y = P b (or b) as
-    (n, k), then L⁻¹ y and/or L⁻ᵀ y in place, returned as Pᵀ y (or y) in b's shape: the
-    solve (all four), a draw Pᵀ L⁻ᵀ z (`_cholesky.sample`) or L⁻¹ P u
-    (`_cholesky.forward_permuted`)."""
-    s = pattern._analysis()
-    sn_start, sn_xptr, sn_rowptr, sn_rows, perm = (
-        s.sn_start, s.sn_xptr, s.sn_rowptr, s.sn_rows, s.perm,
-    )  # fmt: skip
-    n = pattern.n
-    forward_blocks, backward_blocks = _cholesky._forward_blocks, _cholesky._backward_blocks
+@numba_njit
+def _logdet_kernel(key, x):
+    """log det A = 2 Σ log L_jj from the factor x."""
+    diagonal = registered_array(registered_arrays(key, _N_FIELDS), _DIAG_SLOTS)
+    total = 0.0
+    for slot in diagonal:
+        total += np.log(x[slot])
+    return 2.0 * total
 
-    @numba_njit
-    def kernel(x, b):
-        columns = b.reshape((n, -1)) if b.flags.c_contiguous else b.copy().reshape((n, -1))
-        y = np.empty(columns.shape)
-        for i in range(n):
-            row = perm[i] if permute else i
-            for j in range(y.shape[1]):
-                y[i, j] = columns[row, j]
-        if forward:
-            forward_blocks(sn_start, sn_xptr, sn_rowptr, sn_rows, x, y)
-        if backward:
-            backward_blocks(sn_start, sn_xptr, sn_rowptr, sn_rows, x, y)
-        if not unpermute:
-            return y.reshape(b.shape)
-        out = np.empty(y.shape)
-        for i in range(n):
-            for j in range(y.shape[1]):
-                out[perm[i], j] = y[i, j]
-        return out.reshape(b.shape)
 
-    return kernel
+@numba_njit
+def _selected_inverse_kernel(key, x):
+    """The entries of A⁻¹ on the pattern, from the factor x."""
+    table = registered_arrays(key, _N_FIELDS)
+    z = _cholesky._selinv_supernodal(
+        registered_array(table, _SN_START),
+        registered_array(table, _SN_XPTR),
+        registered_array(table, _COL_TO_SN),
+        registered_array(table, _SN_ROWPTR),
+        registered_array(table, _SN_ROWS),
+        x,
+        _cholesky.GEMM_MIN,
+    )
+    return z[registered_array(table, _X_MAP)]
+
+
+@numba_njit
+def _right_hand_side_kernel(key, x, b, permute, forward, backward, unpermute):
+    """For b of shape (n,) or (n, k), from the factor x: y = P b (or b) as (n, k), then L⁻¹ y
+    and/or L⁻ᵀ y in place, returned as Pᵀ y (or y) in b's shape: the solve (all four), a draw
+    Pᵀ L⁻ᵀ z (`_cholesky.sample`) or L⁻¹ P u (`_cholesky.forward_permuted`)."""
+    table = registered_arrays(key, _N_FIELDS)
+    sn_start, sn_xptr = registered_array(table, _SN_START), registered_array(table, _SN_XPTR)
+    sn_rowptr, sn_rows = registered_array(table, _SN_ROWPTR), registered_array(table, _SN_ROWS)
+    perm = registered_array(table, _PERM)
+    n = perm.size
+    columns = b.reshape((n, -1)) if b.flags.c_contiguous else b.copy().reshape((n, -1))
+    y = np.empty(columns.shape)
+    for i in range(n):
+        row = perm[i] if permute else i
+        for j in range(y.shape[1]):
+            y[i, j] = columns[row, j]
+    if forward:
+        _cholesky._forward_blocks(sn_start, sn_xptr, sn_rowptr, sn_rows, x, y)
+    if backward:
+        _cholesky._backward_blocks(sn_start, sn_xptr, sn_rowptr, sn_rows, x, y)
+    if not unpermute:
+        return y.reshape(b.shape)
+    out = np.empty(y.shape)
+    for i in range(n):
+        for j in range(y.shape[1]):
+            out[perm[i], j] = y[i, j]
+    return out.reshape(b.shape)
+
+
+# compiled once per process, for every pattern; called through their addresses
+_factor = outlined(_factor_kernel, _kernel_key("factor"))
+_logdet = outlined(_logdet_kernel, _kernel_key("logdet"))
+_selected_inverse = outlined(_selected_inverse_kernel, _kernel_key("selected_inverse"))
+_right_hand_side = outlined(_right_hand_side_kernel, _kernel_key("right_hand_side"))
 
 
 def _of_values(factor, kernel, batched: bool, width: int):
@@ -230,57 +295,63 @@ def _of_values_and_rhs(factor, kernel, batched: bool):
     return of_each_matrix
 
 
-@register_outlined(SparseLogdetOp)
-def _numba_sparse_logdet(op, node=None, **kwargs):
-    diagonal = op.pattern._analysis().diag_slots
+def _factor_function(key: int):
+    """``factor(values, cached)`` of the pattern registered under `key`."""
 
     @numba_njit
-    def logdet(x):  # log det A = 2 Σ log L_jj
-        total = 0.0
-        for slot in diagonal:
-            total += np.log(x[slot])
-        return 2.0 * total
+    def factor(values, cached):
+        return _factor(key, values, cached)
+
+    return factor
+
+
+def _solve_kernel(key: int, *, permute, forward, backward, unpermute):
+    """``kernel(x, b)``: `_right_hand_side_kernel` on the pattern registered under `key`."""
+
+    @numba_njit
+    def kernel(x, b):
+        return _right_hand_side(key, x, b, permute, forward, backward, unpermute)
+
+    return kernel
+
+
+@register_outlined(SparseLogdetOp)
+def _numba_sparse_logdet(op, node=None, **kwargs):
+    key = _register(op.pattern)
+
+    @numba_njit
+    def logdet(x):
+        return _logdet(key, x)
 
     batched = node.inputs[0].type.ndim == 2
-    return _of_values(_factor_function(op.pattern), logdet, batched, 0), _cache_key(op, node)
+    return _of_values(_factor_function(key), logdet, batched, 0), _cache_key(op, node)
 
 
 @register_outlined(SelectedInverseOp)
 def _numba_selected_inverse(op, node=None, **kwargs):
-    s = op.pattern._analysis()
-    sn_start, sn_xptr, col_to_sn, sn_rowptr, sn_rows, x_map = (
-        s.sn_start, s.sn_xptr, s.col_to_sn, s.sn_rowptr, s.sn_rows, s.x_map,
-    )  # fmt: skip
-    gemm_min, recurrences = _cholesky.GEMM_MIN, _cholesky._selinv_supernodal
+    key = _register(op.pattern)
 
     @numba_njit
     def selected_inverse(x):
-        z = recurrences(sn_start, sn_xptr, col_to_sn, sn_rowptr, sn_rows, x, gemm_min)
-        return z[x_map]
+        return _selected_inverse(key, x)
 
     batched = node.inputs[0].type.ndim == 2
-    factor = _factor_function(op.pattern)
-    funcified = _of_values(factor, selected_inverse, batched, op.pattern.nnz)
+    funcified = _of_values(_factor_function(key), selected_inverse, batched, op.pattern.nnz)
     return funcified, _cache_key(op, node)
 
 
 @register_outlined(SparseSolveOp)
 def _numba_sparse_solve(op, node=None, **kwargs):
-    kernel = _right_hand_side_kernel(
-        op.pattern, permute=True, forward=True, backward=True, unpermute=True
-    )
+    key = _register(op.pattern)
+    kernel = _solve_kernel(key, permute=True, forward=True, backward=True, unpermute=True)
     batched = node.inputs[0].type.ndim == 2
-    funcified = _of_values_and_rhs(_factor_function(op.pattern), kernel, batched)
-    return funcified, _cache_key(op, node)
+    return _of_values_and_rhs(_factor_function(key), kernel, batched), _cache_key(op, node)
 
 
 @register_outlined(SparseFactorSolveOp)
 def _numba_sparse_factor_solve(op, node=None, **kwargs):
     # Pᵀ L⁻ᵀ z (a draw), or its adjoint L⁻¹ P u
-    draw = op.transposed
-    kernel = _right_hand_side_kernel(
-        op.pattern, permute=not draw, forward=not draw, backward=draw, unpermute=draw
-    )
+    key, draw = _register(op.pattern), op.transposed
+    kernel = _solve_kernel(key, permute=not draw, forward=not draw, backward=draw, unpermute=draw)
     batched = node.inputs[0].type.ndim == 2
-    funcified = _of_values_and_rhs(_factor_function(op.pattern), kernel, batched)
-    return funcified, _cache_key(op, node)
+    return _of_values_and_rhs(_factor_function(key), kernel, batched), _cache_key(op, node)
