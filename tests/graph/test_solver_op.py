@@ -359,23 +359,22 @@ CONTRACT_CASES = {
     "fixed_point-anderson": lambda x, s, a, b, **o: pmo.fixed_point(
         0.5 * pt.cos(x) + 0.1 * a, x, x0=np.zeros(2), method="anderson", **o
     ),
-    "constrained-SLSQP": lambda x, s, a, b, **o: pmo.minimize(
-        quartic(x, a),
-        x,
-        x0=np.zeros(2),
-        method="SLSQP",
-        constraints=[{"type": "eq", "fun": x.sum() - 1.0}],
-        optimizer_kwargs=o,
-    ),
-    "constrained-newton": lambda x, s, a, b, **o: pmo.minimize(
-        quartic(x, a),
-        x,
-        x0=np.zeros(2),
-        method="newton",
-        constraints=[{"type": "eq", "fun": x.sum() - 1.0}],
-        optimizer_kwargs=o,
-    ),
+    "constrained-SLSQP": lambda x, s, a, b, **o: _on_the_line(x, a, "SLSQP", o),
+    "constrained-newton": lambda x, s, a, b, **o: _on_the_line(x, a, "newton", o),
 }
+
+
+def _on_the_line(x, a, method, options):
+    """The quartic minimized on x₁ + x₂ = 1."""
+    constraint = {"type": "eq", "fun": x.sum() - 1.0}
+    return pmo.minimize(
+        quartic(x, a),
+        x,
+        x0=np.zeros(2),
+        method=method,
+        constraints=[constraint],
+        optimizer_kwargs=options,
+    )
 
 
 @pytest.fixture(params=sorted(CONTRACT_CASES))
