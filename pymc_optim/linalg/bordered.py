@@ -13,7 +13,7 @@ solves are the same. K is indefinite (k negative eigenvalues): no log-determinan
 Laplace marginal takes those of H on {B x = 0}: `pymc_optim.model.constraints`); its
 positive-definiteness test is H's, the curvature test of a constrained minimum.
 
-`pymc_optim.problems.constrained.kkt.KKTStructure` is the same system for constraints that
+`pymc_optim.linalg.kkt.KKTStructure` is the same system for constraints that
 depend on x (their Jacobian part of A, the sign convention of L = f − λᵀc) with a diagonal or
 block-diagonal H; this one takes a sparse or dense H and a constant border.
 """
