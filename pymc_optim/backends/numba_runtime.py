@@ -90,13 +90,13 @@ _buffer_address = _python_callable("solver_buffer", _buffer, 2)
 
 
 @intrinsic
-def _as_array_pointer(typingctx, address):
-    """An int64 address as a float64 pointer (for `numba.carray`)."""
-    signature = types.CPointer(types.float64)(types.int64)
+def _as_pointer(typingctx, address, dtype):
+    """An int64 address as a pointer to `dtype` (``np.float64``, ``np.int64``), for
+    `numba.carray`."""
+    signature = types.CPointer(dtype.instance_type)(types.int64, dtype)
 
     def codegen(context, builder, sig, args):
-        pointer_type = context.get_value_type(sig.return_type)
-        return builder.inttoptr(args[0], pointer_type)
+        return builder.inttoptr(args[0], context.get_value_type(sig.return_type))
 
     return signature, codegen
 
@@ -108,7 +108,7 @@ def solver_buffer(key, size):
     address = _buffer_address(key, size)
     if address == 0:
         return np.zeros(0)
-    return numba.carray(_as_array_pointer(address), (size,))
+    return numba.carray(_as_pointer(address, np.float64), (size,))
 
 
 # --- int64 arrays of the process, read by compiled code ---------------------------------------
@@ -140,30 +140,19 @@ def _table(key: int, count: int) -> int:
 _table_address = _python_callable("array_table", _table, 2)
 
 
-@intrinsic
-def _as_int64_pointer(typingctx, address):
-    """An int64 address as an int64 pointer (for `numba.carray`)."""
-    signature = types.CPointer(types.int64)(types.int64)
-
-    def codegen(context, builder, sig, args):
-        return builder.inttoptr(args[0], context.get_value_type(sig.return_type))
-
-    return signature, codegen
-
-
 @numba.njit(cache=True)
 def registered_arrays(key, count):
     """The table of the `count` arrays registered under `key` (numba code only)."""
     address = _table_address(key, count)
     if address == 0:
         raise RuntimeError("pymc_optim: arrays read by compiled code are not registered")
-    return numba.carray(_as_int64_pointer(address), (2 * count,))
+    return numba.carray(_as_pointer(address, np.int64), (2 * count,))
 
 
 @numba.njit(cache=True)
 def registered_array(table, i):
     """Array `i` of a `registered_arrays` table (numba code only; read it, never write)."""
-    return numba.carray(_as_int64_pointer(table[2 * i]), (table[2 * i + 1],))
+    return numba.carray(_as_pointer(table[2 * i], np.int64), (table[2 * i + 1],))
 
 
 @numba.njit(cache=True)

@@ -208,16 +208,17 @@ _selected_inverse = outlined(_selected_inverse_kernel, _kernel_key("selected_inv
 _right_hand_side = outlined(_right_hand_side_kernel, _kernel_key("right_hand_side"))
 
 
-def _of_values(factor, kernel, batched: bool, width: int):
-    """An Op of the values alone: ``kernel(x)`` on each matrix's factor, a scalar (`width` 0)
-    or `width` values per matrix, NaN where a matrix is not positive definite."""
+def _of_values(key: int, kernel, batched: bool, width: int):
+    """An Op of the values alone on the pattern registered under `key`: ``kernel(key, x)`` on
+    each matrix's factor, a scalar (`width` 0) or `width` values per matrix, NaN where a matrix
+    is not positive definite."""
     if not batched and width == 0:
 
         @numba_njit
         def scalar_of_one_matrix(values):
             threads = set_blas_threads(1)
-            x, failed = factor(np.ascontiguousarray(values), True)
-            out = np.nan if failed >= 0 else kernel(x)
+            x, failed = _factor(key, np.ascontiguousarray(values), True)
+            out = np.nan if failed >= 0 else kernel(key, x)
             set_blas_threads(threads)
             return np.asarray(out)
 
@@ -228,10 +229,10 @@ def _of_values(factor, kernel, batched: bool, width: int):
         @numba_njit
         def of_one_matrix(values):
             threads = set_blas_threads(1)
-            x, failed = factor(np.ascontiguousarray(values), True)
+            x, failed = _factor(key, np.ascontiguousarray(values), True)
             out = np.full(width, np.nan)
             if failed < 0:
-                copy_into(out, 0, kernel(x))
+                copy_into(out, 0, kernel(key, x))
             set_blas_threads(threads)
             return out
 
@@ -244,9 +245,9 @@ def _of_values(factor, kernel, batched: bool, width: int):
             threads = set_blas_threads(1)
             out = np.full(values.shape[0], np.nan)
             for b in range(values.shape[0]):
-                x, failed = factor(np.ascontiguousarray(values[b]), False)
+                x, failed = _factor(key, np.ascontiguousarray(values[b]), False)
                 if failed < 0:
-                    out[b] = kernel(x)
+                    out[b] = kernel(key, x)
             set_blas_threads(threads)
             return out
 
@@ -257,25 +258,26 @@ def _of_values(factor, kernel, batched: bool, width: int):
         threads = set_blas_threads(1)
         out = np.full((values.shape[0], width), np.nan)
         for b in range(values.shape[0]):
-            x, failed = factor(np.ascontiguousarray(values[b]), False)
+            x, failed = _factor(key, np.ascontiguousarray(values[b]), False)
             if failed < 0:
-                copy_into(out[b], 0, kernel(x))
+                copy_into(out[b], 0, kernel(key, x))
         set_blas_threads(threads)
         return out
 
     return of_each_matrix
 
 
-def _of_values_and_rhs(factor, kernel, batched: bool):
-    """An Op of (values, b): ``kernel(x, b)`` shaped like b (row b of b for matrix b of a
-    batch), NaN where a matrix is not positive definite."""
+def _of_values_and_rhs(key: int, kernel, batched: bool):
+    """An Op of (values, b) on the pattern registered under `key`: ``kernel(key, x, b)``
+    shaped like b (row b of b for matrix b of a batch), NaN where a matrix is not positive
+    definite."""
     if not batched:
 
         @numba_njit
         def of_one_matrix(values, rhs):
             threads = set_blas_threads(1)
-            x, failed = factor(np.ascontiguousarray(values), True)
-            out = np.full(rhs.shape, np.nan) if failed >= 0 else kernel(x, rhs)
+            x, failed = _factor(key, np.ascontiguousarray(values), True)
+            out = np.full(rhs.shape, np.nan) if failed >= 0 else kernel(key, x, rhs)
             set_blas_threads(threads)
             return out
 
@@ -286,30 +288,20 @@ def _of_values_and_rhs(factor, kernel, batched: bool):
         threads = set_blas_threads(1)
         out = np.full(rhs.shape, np.nan)
         for b in range(values.shape[0]):
-            x, failed = factor(np.ascontiguousarray(values[b]), False)
+            x, failed = _factor(key, np.ascontiguousarray(values[b]), False)
             if failed < 0:
-                copy_into(out[b], 0, kernel(x, rhs[b]))
+                copy_into(out[b], 0, kernel(key, x, rhs[b]))
         set_blas_threads(threads)
         return out
 
     return of_each_matrix
 
 
-def _factor_function(key: int):
-    """``factor(values, cached)`` of the pattern registered under `key`."""
+def _solve_kernel(*, permute, forward, backward, unpermute):
+    """``kernel(key, x, b)``: `_right_hand_side_kernel` with these steps."""
 
     @numba_njit
-    def factor(values, cached):
-        return _factor(key, values, cached)
-
-    return factor
-
-
-def _solve_kernel(key: int, *, permute, forward, backward, unpermute):
-    """``kernel(x, b)``: `_right_hand_side_kernel` on the pattern registered under `key`."""
-
-    @numba_njit
-    def kernel(x, b):
+    def kernel(key, x, b):
         return _right_hand_side(key, x, b, permute, forward, backward, unpermute)
 
     return kernel
@@ -317,41 +309,30 @@ def _solve_kernel(key: int, *, permute, forward, backward, unpermute):
 
 @register_outlined(SparseLogdetOp)
 def _numba_sparse_logdet(op, node=None, **kwargs):
-    key = _register(op.pattern)
-
-    @numba_njit
-    def logdet(x):
-        return _logdet(key, x)
-
     batched = node.inputs[0].type.ndim == 2
-    return _of_values(_factor_function(key), logdet, batched, 0), _cache_key(op, node)
+    return _of_values(_register(op.pattern), _logdet, batched, 0), _cache_key(op, node)
 
 
 @register_outlined(SelectedInverseOp)
 def _numba_selected_inverse(op, node=None, **kwargs):
-    key = _register(op.pattern)
-
-    @numba_njit
-    def selected_inverse(x):
-        return _selected_inverse(key, x)
-
     batched = node.inputs[0].type.ndim == 2
-    funcified = _of_values(_factor_function(key), selected_inverse, batched, op.pattern.nnz)
+    funcified = _of_values(_register(op.pattern), _selected_inverse, batched, op.pattern.nnz)
     return funcified, _cache_key(op, node)
 
 
 @register_outlined(SparseSolveOp)
 def _numba_sparse_solve(op, node=None, **kwargs):
-    key = _register(op.pattern)
-    kernel = _solve_kernel(key, permute=True, forward=True, backward=True, unpermute=True)
+    kernel = _solve_kernel(permute=True, forward=True, backward=True, unpermute=True)
     batched = node.inputs[0].type.ndim == 2
-    return _of_values_and_rhs(_factor_function(key), kernel, batched), _cache_key(op, node)
+    funcified = _of_values_and_rhs(_register(op.pattern), kernel, batched)
+    return funcified, _cache_key(op, node)
 
 
 @register_outlined(SparseFactorSolveOp)
 def _numba_sparse_factor_solve(op, node=None, **kwargs):
     # Pᵀ L⁻ᵀ z (a draw), or its adjoint L⁻¹ P u
-    key, draw = _register(op.pattern), op.transposed
-    kernel = _solve_kernel(key, permute=not draw, forward=not draw, backward=draw, unpermute=draw)
+    draw = op.transposed
+    kernel = _solve_kernel(permute=not draw, forward=not draw, backward=draw, unpermute=draw)
     batched = node.inputs[0].type.ndim == 2
-    return _of_values_and_rhs(_factor_function(key), kernel, batched), _cache_key(op, node)
+    funcified = _of_values_and_rhs(_register(op.pattern), kernel, batched)
+    return funcified, _cache_key(op, node)

@@ -164,7 +164,8 @@ class LinearStructure:
         """A⁻¹F in the graph as `solve_or_nan_numpy` computes it (the compiled Newton loops'
         direction): LU as numpy.linalg.solve, NaN where a diagonal entry is zero."""
         if self.kind == "diagonal":
-            return pt.switch(pt.neq(A, 0), F / pt.switch(pt.neq(A, 0), A, 1.0), np.nan)
+            nonzero = pt.neq(A, 0)
+            return pt.switch(nonzero, F / pt.switch(nonzero, A, 1.0), np.nan)
         return self.solve(A, F, transposed=False, symmetric=False)
 
     def solve_or_nan_numpy(self, A: np.ndarray, F: np.ndarray) -> np.ndarray:
