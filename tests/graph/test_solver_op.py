@@ -424,6 +424,22 @@ def test_solves_built_alike_are_equal_and_merge(contract_case):
     assert other.owner.op != first.owner.op
 
 
+def test_solves_of_an_unshaped_vector_from_a_symbolic_start_merge_too():
+    """As users write them: `pt.vector("x")` without a shape, x0 an input, default method."""
+    x, a, start = pt.vector("x"), pt.vector("a"), pt.vector("start")
+
+    def solve():
+        return pmo.minimize(((x - a) ** 2).sum() + pt.exp(x).sum(), x, x0=start)[0]
+
+    first, second = solve(), solve()
+    assert first.owner.op == second.owner.op
+    fn = pytensor.function([a, start], [first, second], mode="FAST_RUN")
+    assert sum(isinstance(n.op, SolverOp) for n in fn.maker.fgraph.toposort()) == 1
+    one, two = fn(A_VAL, np.zeros(2))
+    np.testing.assert_array_equal(one, two)
+    np.testing.assert_allclose(2 * (one - A_VAL) + np.exp(one), 0.0, atol=1e-5)
+
+
 def test_a_clone_has_its_own_inner_graph_and_computes_the_same(contract_case):
     _, solve, inputs = contract_case
     x_star = solve()
