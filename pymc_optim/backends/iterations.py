@@ -31,6 +31,7 @@ __all__ = [
     "STEP_TOL",
     "anderson",
     "check_size",
+    "chord_final_step",
     "fixed_point_iteration",
     "newton",
     "reachable_tolerance",
@@ -81,7 +82,9 @@ def _newton(system, merit, z0, *, rows=None, **options):
     own Cholesky): a maximum or a saddle is a stationary point, not a minimum.
 
     A problem stopped by max|F_b| ≤ tol takes one more Newton step z − A⁻¹F with the F and A
-    already evaluated there (no evaluation, not counted as an iteration): Newton's error is then
+    already evaluated there (no evaluation, not counted as an iteration; with the previous
+    iterate's A where `chord_final_step` allows, every running problem alike, so that a
+    structure's cached factor serves and its curvature test): Newton's error is then
     ~ its square, so the solution is exact to rounding rather than to ~tol/λ_min(A). Without it
     the answer depends at ~1e-9 on where the iterations happened to cross tol, which a warm start
     moves: a Laplace marginal's log-determinant, not stationary in x, carries that error to the
@@ -162,6 +165,8 @@ def _newton_batch(system, merit, z, rows, *, structure, minimization, tol, max_i
     running = np.ones(n_problems, dtype=bool)
     success = np.zeros(n_problems, dtype=bool)
     everything = np.ones(n_problems, dtype=bool)
+    # per problem: a full Newton step led to z, from max|F| `F_max_previous`, A there `A_previous`
+    stepped, F_max_previous, A_previous = ~everything, np.zeros(n_problems), A
 
     def stop(which, ok, iteration, A_now=None, reason=SolverStatus.CONVERGED):
         """End the problems in `which`, successful where `ok` (and, for minimization, where
@@ -179,10 +184,16 @@ def _newton_batch(system, merit, z, rows, *, structure, minimization, tol, max_i
         ok = finite(m, F)
         if not ok.all():
             stop(running & ~ok, ok, iteration, reason=SolverStatus.NONFINITE)
-        d = -solve(structure, A, F)
-        converged = running & (max_abs(F) <= tol)
+        F_max = max_abs(F)
+        converged = running & (F_max <= tol)
+        # every running problem converged, each after a fast enough full Newton step
+        chord = converged.any() and bool(
+            np.all((converged & stepped & chord_final_step(F_max, F_max_previous, tol))[running])
+        )
+        A_step = A_previous if chord else A
+        d = -solve(structure, A_step, F)
         if converged.any():
-            stop(converged, ok, iteration, A)
+            stop(converged, ok, iteration, A_step)
             # the final Newton step: no evaluation, the error squared
             final = converged & success & finite(np.zeros(n_problems), d)
             z = np.where(expand(final), z + d, z)
@@ -227,8 +238,10 @@ def _newton_batch(system, merit, z, rows, *, structure, minimization, tol, max_i
         if not backtrack.any():
             # problems stopped above keep their z; the values at z_full are theirs no more
             z = z_full if accepted.all() else np.where(expand(accepted), z_full, z)
+            stepped, F_max_previous, A_previous = accepted & is_newton_step, F_max, A
             m, F, A = m_full, F_full, A_full
             continue
+        stepped = ~everything
         t = np.where(accepted, 1.0, 0.0)
         t_try = np.ones(n_problems)
         searching = backtrack.copy()
@@ -287,6 +300,8 @@ def _newton_one(
         n_evaluations += more
     # an upper bound on max|z| (None: not known), with slack for the rounding of the steps
     z_bound = None
+    # the Jacobian whose full Newton step led to z, and max|F| where it was taken
+    A_previous, F_max_previous = None, 0.0
 
     def result(success, iteration, A_now=None, reason=SolverStatus.CONVERGED):
         """The loop's outputs; `reason` is the status of a failure other than the curvature."""
@@ -307,9 +322,12 @@ def _newton_one(
             return result(False, iteration, reason=SolverStatus.NONFINITE)
         if F_max <= tol and not final_step:  # (the caller takes the step: no solve here)
             return result(True, iteration, A)
-        d = -solve(structure, A, F)
+        A_step = A
+        if F_max <= tol and A_previous is not None and chord_final_step(F_max, F_max_previous, tol):
+            A_step = A_previous
+        d = -solve(structure, A_step, F)
         if F_max <= tol:
-            converged = not minimization or positive_definite_one(structure, A)
+            converged = not minimization or positive_definite_one(structure, A_step)
             if converged and np.isfinite(d).all():
                 z = z + d  # the final Newton step: no evaluation, the error squared
             code = SolverStatus.CONVERGED if converged else SolverStatus.NOT_POSITIVE_DEFINITE
@@ -355,10 +373,12 @@ def _newton_one(
                 return result(True, iteration + 1, A)  # the minimum to rounding error
             accepted = True
         if accepted:
+            A_previous, F_max_previous = (A, F_max) if is_newton_step else (None, 0.0)
             z, m, F, A, F_max = z_full, m_full, F_full, A_full, F_max_full
             if z_bound is not None:
                 z_bound = (z_bound + d_max) * (1.0 + 1e-12)
             continue
+        A_previous = None
         t = 1.0
         for _ in range(MAX_BACKTRACKS - 1):
             t *= 0.5
@@ -418,6 +438,20 @@ def _chord_steps(system, z, m, F, A, F_max, structure, reference, *, minimizatio
             break
         z, m, F, A, F_max = z_new, m_new, F_new, A_new, F_max_new
     return z, m, F, A, F_max, n_evaluations
+
+
+def chord_final_step(F_max, F_max_previous, tol):
+    """Per problem: the final Newton step (max|F| ≤ `tol`) may use the Jacobian of the previous
+    iterate, whose full Newton step led here with max|F| going from `F_max_previous` to
+    `F_max`, instead of factorizing A at this iterate.
+
+    That step errs by ≈ 2ρe, e the current error and ρ = F_max / F_max_previous the last step's
+    contraction (in Newton's quadratic regime ρ ≈ ½‖A_prev⁻¹(A − A_prev)‖): allowed when
+    ρ · F_max ≤ tol², where the exact final step would leave an error of the same order
+    (~e²). Typical when the last step crossed tol with room to spare (max|F| 3e-8 → 1e-15):
+    the chord step is then exact to rounding, and with a structure that caches its factor
+    (sparse) it costs triangular solves instead of a factorization."""
+    return F_max * F_max <= tol * tol * F_max_previous
 
 
 def check_size(values, z, what: str) -> None:

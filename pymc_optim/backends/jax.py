@@ -22,6 +22,7 @@ from pymc_optim.backends.iterations import (
     MAX_BACKTRACKS,
     ROUNDING,
     STEP_TOL,
+    chord_final_step,
 )
 from pymc_optim.backends.newton import NewtonOp, problem_rows
 from pymc_optim.backends.packing import Packer
@@ -213,13 +214,20 @@ def _newton_jax(op: NewtonOp, node=None, **kwargs):
                 jnp.where(which, code, status),
             )
 
-        def checks(flags, z, m, F, A, iteration):
+        def checks(flags, z, m, F, A, iteration, previous):
             """What the numpy loop tests at the top of each iteration, with its final Newton
-            step for the problems stopped by max|F| ≤ tol; returns the flags, z and the step."""
+            step for the problems stopped by max|F| ≤ tol (with the previous iterate's A where
+            `chord_final_step` allows it for every running problem); returns the flags, z and
+            the step. `previous`: (stepped, max|F|, A) of the full Newton step that led to z."""
             ok = finite(m, F)
             flags = stop(flags, flags[0] & ~ok, ok, iteration, A, SolverStatus.NONFINITE)
+            F_max = max_abs(F)
+            converged = flags[0] & (F_max <= tol)
+            stepped, F_max_previous, A_previous = previous
+            fast = converged & stepped & chord_final_step(F_max, F_max_previous, tol)
+            chord = jnp.any(converged) & jnp.all(fast | ~flags[0])
+            A = jnp.where(chord, A_previous, A)
             d = -structure.solve_array(A, F, jnp)
-            converged = flags[0] & (max_abs(F) <= tol)
             flags = stop(flags, converged, ok, iteration, A)
             running, success, n_iterations, status = flags
             # the final Newton step: no evaluation, the error squared
@@ -229,6 +237,7 @@ def _newton_jax(op: NewtonOp, node=None, **kwargs):
 
         def body(state):
             it, z, m, F, A, d, nfev, flags = state
+            F_max = max_abs(F)
             running = flags[0]
             if minimization:
                 slope = dot(F, d)
@@ -304,9 +313,10 @@ def _newton_jax(op: NewtonOp, node=None, **kwargs):
                 # iteration's start, which fails it there)
                 return system(z_new)
 
+            previous = (accepted & is_newton_step & ~jnp.any(backtrack), F_max, A)
             m, F, A = jax.lax.cond(jnp.any(backtrack) & ~settled, evaluate, lambda: system_new)
             nfev = nfev + jnp.where(settled, False, fresh & flags[0])
-            flags, z_new, d = checks(flags, z_new, m, F, A, it + 1)
+            flags, z_new, d = checks(flags, z_new, m, F, A, it + 1, previous)
             return it + 1, z_new, m, F, A, d, nfev, flags
 
         z0 = flat.pack(x0s, jnp)
@@ -318,7 +328,7 @@ def _newton_jax(op: NewtonOp, node=None, **kwargs):
             jnp.full(n_problems, max_iter, jnp.int64),
             jnp.full(n_problems, int(SolverStatus.MAX_ITER), jnp.int64),
         )
-        flags, z0, d0 = checks(flags, z0, m0, F0, A0, 0)
+        flags, z0, d0 = checks(flags, z0, m0, F0, A0, 0, (none, jnp.zeros(n_problems), A0))
         nfev0 = jnp.ones(n_problems, jnp.int64)
         init = (0, z0, m0, F0, A0, d0, nfev0, flags)
         _, z, _, _, _, _, nfev, (_, success, n_iterations, status) = jax.lax.while_loop(

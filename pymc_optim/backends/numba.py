@@ -335,17 +335,29 @@ def _newton_loop(
         success = np.zeros(n_problems, dtype=np.bool_)
         everything = np.ones(n_problems, dtype=np.bool_)
         nothing = np.zeros(n_problems, dtype=np.bool_)
+        # per problem: a full Newton step led to z, from max|F| `F_max_previous`, A there
+        stepped, F_max_previous, A_previous = nothing.copy(), np.zeros(n_problems), A
         for iteration in range(max_iter + 1):
             ok = np.isfinite(m) & _rows_finite(F, rows)
             _stop(
                 running, success, n_iterations, status, running & ~ok, ok, ok, iteration, _NONFINITE
             )
+            F_max = _rows_max_abs(F, rows)
+            converged = running & (F_max <= tol)
+            chord = np.any(converged)
+            for b in range(n_problems):
+                if running[b] and not (
+                    converged[b]
+                    and stepped[b]
+                    and _chord_final_step(F_max[b], F_max_previous[b], tol)
+                ):
+                    chord = False
+            A_step = A_previous if chord else A
             # NaN where A is singular (not solved once every problem stopped on a NaN)
-            d = -solve(A, F) if np.any(running) else np.zeros(z.size)
-            converged = running & (_rows_max_abs(F, rows) <= tol)
+            d = -solve(A_step, F) if np.any(running) else np.zeros(z.size)
             curved = ok
             if minimization and np.any(converged):
-                curved = ok & positive_definite(A, owner, n_problems)
+                curved = ok & positive_definite(A_step, owner, n_problems)
             _stop(
                 running, success, n_iterations, status, converged, ok, curved, iteration, _NONFINITE
             )
@@ -421,8 +433,10 @@ def _newton_loop(
             backtrack = running & ~accepted
             if not np.any(backtrack):
                 z = _where_rows(accepted, owner, z_full, z)
+                stepped, F_max_previous, A_previous = accepted & is_newton_step, F_max, A
                 m, F, A = m_full, F_full, A_full
                 continue
+            stepped = nothing.copy()
             t = accepted.astype(np.float64)
             t_try = np.ones(n_problems)
             searching = backtrack.copy()
@@ -617,8 +631,11 @@ def _newton_driver(newton, canonical, *, warm_start: bool, sequential: bool, pre
 _WARM_HEADER = 3
 
 _extrapolated_start = _njit(extrapolated_start)
-#: Compiled into the warm-starting solvers from another module: part of their cache key.
-_EXTRAPOLATION_SOURCE = inspect.getsource(extrapolated_start)
+_chord_final_step = _njit(_iterations.chord_final_step)
+#: Compiled into the solvers from other modules: part of their cache key.
+_OTHER_SOURCES = inspect.getsource(extrapolated_start) + inspect.getsource(
+    _iterations.chord_final_step
+)
 
 
 @_njit
@@ -940,7 +957,7 @@ def _solver(op: SolverOp, env: dict, src: str, loop, keys: list, options: tuple)
 
 def _cache_key(op: SolverOp, src: str, keys: list, options: tuple) -> str:
     constants = (ARMIJO, CHORD_CONTRACTION, MAX_BACKTRACKS, ROUNDING, STEP_TOL, _ANDERSON_MEMORY)
-    constants = (*constants, CANONICAL_BITS, _EXTRAPOLATION_SOURCE)
+    constants = (*constants, CANONICAL_BITS, _OTHER_SOURCES)
     parts = (type(op).__name__, _SOURCE_KEY, src, tuple(keys), constants, options)
     return sha256(str(parts).encode()).hexdigest()
 

@@ -45,6 +45,7 @@ __all__ = [
     "warn_failure",
     "set_blas_threads",
     "solver_buffer",
+    "thread_buffer",
 ]
 
 #: Buffers kept per key: the least recently served thread's go first.
@@ -67,6 +68,11 @@ def _buffer(key: int, size: int) -> int:
         return buffer.ctypes.data
     except MemoryError:
         return 0
+
+
+def thread_buffer(key: int) -> np.ndarray | None:
+    """This thread's buffer for `key` (what `solver_buffer` serves compiled code), or None."""
+    return _BUFFERS.get(key, {}).get(threading.get_ident())
 
 
 # Kept referenced for the life of the process: LLVM holds only their addresses.

@@ -114,6 +114,10 @@ def _factorize(table, values):
     return x, failed
 
 
+#: Entries of a factor cache before its values: filled, failed pivot, factorizations made.
+_CACHE_HEADER = 3
+
+
 @numba_njit
 def _factor_kernel(key, values, cached):
     """``factor(key, values, cached)`` → (x, failed) for the pattern registered under `key`;
@@ -125,25 +129,33 @@ def _factor_kernel(key, values, cached):
     nnz = values.size
     sn_xptr = registered_array(table, _SN_XPTR)
     x_size = sn_xptr[sn_xptr.size - 1]
-    # the cache: [1 if filled, failed pivot, values (nnz), factor (x_size)]
-    state = solver_buffer(key, 2 + nnz + x_size)
+    # the cache: [1 if filled, failed pivot, factorizations made, values (nnz), factor (x_size)]
+    state = solver_buffer(key, _CACHE_HEADER + nnz + x_size)
     if state.size == 0:
         return _factorize(table, values)
     if state[0] == 1.0:
         same = True
         for e in range(nnz):
-            if state[2 + e] != values[e]:
+            if state[_CACHE_HEADER + e] != values[e]:
                 same = False
                 break
         if same:
-            return state[2 + nnz :], np.int64(state[1])
+            return state[_CACHE_HEADER + nnz :], np.int64(state[1])
     x, failed = _factorize(table, values)
     state[0] = 0.0  # (filled last: an interrupted write leaves it empty)
     state[1] = failed
-    copy_into(state, 2, values)
-    copy_into(state, 2 + nnz, x)
+    state[2] += 1.0
+    copy_into(state, _CACHE_HEADER, values)
+    copy_into(state, _CACHE_HEADER + nnz, x)
     state[0] = 1.0
     return x, failed
+
+
+def factorizations(pattern: SparsePattern) -> int:
+    """How many one-matrix factorizations of `pattern` the compiled Ops have made in this
+    thread (each miss of its factor cache; a diagnostic for tests and benchmarks)."""
+    state = numba_runtime.thread_buffer(_register(pattern))
+    return 0 if state is None or state.size < _CACHE_HEADER else int(state[2])
 
 
 @numba_njit

@@ -64,17 +64,20 @@ def test_every_sparse_op_is_native_and_agrees_with_perform():
         arguments[0] = vals
         for got, want in zip(numba_fn(*arguments), default(*arguments), strict=True):
             assert_allclose(got, want, rtol=RTOL, atol=1e-13)
-    # the last factor is kept per thread, with its values: [filled, failed pivot, values, L]
-    from pymc_optim.backends import numba_runtime
+    # the last factor is kept per thread, with its values: [filled, failed pivot,
+    # factorizations, values, L]; one factorization per new values, shared by every Op
+    from pymc_optim.backends import numba_runtime, numba_sparse
 
+    header = numba_sparse._CACHE_HEADER
     kept = [
         buffer
         for buffers in numba_runtime._BUFFERS.values()
         for buffer in buffers.values()
-        if buffer.size == 2 + pattern.nnz + pattern._analysis().sn_xptr[-1]
+        if buffer.size == header + pattern.nnz + pattern._analysis().sn_xptr[-1]
     ]
     assert len(kept) == 1 and kept[0][0] == 1.0 and kept[0][1] == -1
-    assert_allclose(kept[0][2 : 2 + pattern.nnz], values, rtol=0)
+    assert numba_sparse.factorizations(pattern) == kept[0][2] == 3
+    assert_allclose(kept[0][header : header + pattern.nnz], values, rtol=0)
     arguments[0] = -values  # not positive definite
     for got, want in zip(numba_fn(*arguments), default(*arguments), strict=True):
         assert np.isnan(got).all() and np.isnan(want).all()
