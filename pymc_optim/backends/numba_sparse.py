@@ -180,6 +180,7 @@ def _selected_inverse_kernel(key, x):
         registered_array(table, _SN_ROWS),
         x,
         _cholesky.GEMM_MIN,
+        _cholesky.LAPACK_MIN,
     )
     return z[registered_array(table, _X_MAP)]
 

@@ -59,10 +59,11 @@ _INSTALL_HINT = (
 
 
 def _lapack_symbols():
-    """dpotrf and dtrsm from scipy's LAPACK/BLAS, callable from numba kernels that cache: the
-    addresses are registered under our own symbol names with LLVM at import, and the kernels
-    call those names (`numba.types.ExternalFunction`), so a cached kernel links to this
-    process's addresses. Arguments are pointers (Fortran convention), passed as integers."""
+    """dpotrf, dpotri and dtrsm from scipy's LAPACK/BLAS, callable from numba kernels that
+    cache: the addresses are registered under our own symbol names with LLVM at import, and
+    the kernels call those names (`numba.types.ExternalFunction`), so a cached kernel links to
+    this process's addresses. Arguments are pointers (Fortran convention), passed as
+    integers."""
     import llvmlite.binding as llvm
     from numba import types
     from numba.extending import get_cython_function_address
@@ -72,15 +73,19 @@ def _lapack_symbols():
         "pymc_optim_dpotrf", get_cython_function_address("scipy.linalg.cython_lapack", "dpotrf")
     )
     llvm.add_symbol(
+        "pymc_optim_dpotri", get_cython_function_address("scipy.linalg.cython_lapack", "dpotri")
+    )
+    llvm.add_symbol(
         "pymc_optim_dtrsm", get_cython_function_address("scipy.linalg.cython_blas", "dtrsm")
     )
     potrf = types.ExternalFunction("pymc_optim_dpotrf", types.void(*[pointer] * 5))
+    potri = types.ExternalFunction("pymc_optim_dpotri", types.void(*[pointer] * 5))
     trsm = types.ExternalFunction("pymc_optim_dtrsm", types.void(*[pointer] * 11))
-    return potrf, trsm
+    return potrf, potri, trsm
 
 
 if numba is not None:
-    _dpotrf, _dtrsm = _lapack_symbols()
+    _dpotrf, _dpotri, _dtrsm = _lapack_symbols()
 
 
 def _blas_thread_setter():
@@ -437,7 +442,9 @@ def selected_inverse(symbolic: Symbolic, x: np.ndarray) -> np.ndarray:
     """(A⁻¹)_ij at every user entry (i, j) of the pattern: the Takahashi recurrences on L's
     supernodes, dense products on each block (see `_selinv_supernodal`)."""
     s = symbolic
-    z = _selinv_supernodal(s.sn_start, s.sn_xptr, s.col_to_sn, s.sn_rowptr, s.sn_rows, x, GEMM_MIN)
+    z = _selinv_supernodal(
+        s.sn_start, s.sn_xptr, s.col_to_sn, s.sn_rowptr, s.sn_rows, x, GEMM_MIN, LAPACK_MIN
+    )
     return z[s.x_map]
 
 
@@ -880,7 +887,7 @@ def _takahashi(n, l_indptr, l_indices, lx, max_column):
 
 
 @_jit
-def _selinv_supernodal(sn_start, sn_xptr, col_to_sn, sn_rowptr, sn_rows, x, gemm_min):
+def _selinv_supernodal(sn_start, sn_xptr, col_to_sn, sn_rowptr, sn_rows, x, gemm_min, lapack_min):
     """Z = (L Lᵀ)⁻¹ on the supernodal blocks of L (`x`, row-major (height, width) blocks), from
     the last supernode to the first.
 
@@ -894,8 +901,9 @@ def _selinv_supernodal(sn_start, sn_xptr, col_to_sn, sn_rowptr, sn_rows, x, gemm
     supernodes (already computed): it is gathered into a dense |R| × |R| matrix, the row
     positions found by one merge through each later supernode's rows that R touches. Then the
     three products are matrix products (BLAS) when they reach `gemm_min` multiply-adds, loops
-    below. Cost: per supernode |R|²|J| + |R||J|² + |J|³/3 multiply-adds, the same order as
-    the factorization's updates from it.
+    below; a supernode at least `lapack_min` wide takes Y by BLAS trsm and (L_JJ L_JJᵀ)⁻¹ by
+    LAPACK potri (its loops read T = L_JJ⁻¹ by columns). Cost: per supernode |R|²|J| +
+    |R||J|² + |J|³/3 multiply-adds, the same order as the factorization's updates from it.
     """
     n_super = sn_start.size - 1
     z = np.zeros(x.size)
@@ -909,29 +917,60 @@ def _selinv_supernodal(sn_start, sn_xptr, col_to_sn, sn_rowptr, sn_rows, x, gemm
     y_buffer = np.empty(max_height * max_height)
     inner_buffer = np.empty(max_height * max_height)
     position = np.empty(max_height, dtype=np.int64)
+    # Fortran arguments of potri/trsm: "L", "N", "U" (one byte each, in int32s), then the sizes
+    # and info; alpha = 1
+    ints = np.array([76, 78, 85, 0, 0, 0], dtype=np.int32)
+    one = np.ones(1)
     for s in range(n_super - 1, -1, -1):
         f, w, r0, height = _supernode(s, sn_start, sn_rowptr)
         m = height - w
         block = _block(x, s, sn_xptr, height, w)
         out = _block(z, s, sn_xptr, height, w)
-        # T = L_JJ⁻¹ (lower triangular), in the top of `out` for now
-        for c in range(w):
-            out[c, c] = 1.0 / block[c, c]
-            for r in range(c + 1, w):
-                total = 0.0
-                for k in range(c, r):
-                    total += block[r, k] * out[k, c]
-                out[r, c] = -total / block[r, r]
-        if m > 0:
-            # Y = L_RJ T
-            y = y_buffer[: m * w].reshape(m, w)
-            for i in range(m):  # along rows of T (contiguous): y_i = Σ_k L_ik T[k, :k+1]
+        inner = inner_buffer[: w * w].reshape(w, w)
+        y = y_buffer[: m * w].reshape(m, w)
+        if w >= lapack_min:
+            # Column-major, the row-major blocks are their transposes: L_JJᵀ upper triangular
+            # (leading dimension w). potri("U") on a copy gives (L_JJ L_JJᵀ)⁻¹ in the upper
+            # triangle, `inner`'s lower one; Yᵀ = (L_JJᵀ)⁻¹ L_RJᵀ is trsm("L", "U", "N") on
+            # L_RJᵀ, which `y` holds (row-major Y is column-major Yᵀ).
+            for r in range(w):
+                for c in range(r + 1):
+                    inner[r, c] = block[r, c]
+            ints[3] = w
+            ints[4] = m
+            _dpotri(ints[2:].ctypes.data, ints[3:].ctypes.data, inner_buffer.ctypes.data,
+                    ints[3:].ctypes.data, ints[5:].ctypes.data)  # fmt: skip
+            if m > 0:
+                y[:, :] = block[w:, :]
+                _dtrsm(ints[0:].ctypes.data, ints[2:].ctypes.data, ints[1:].ctypes.data,
+                       ints[1:].ctypes.data, ints[3:].ctypes.data, ints[4:].ctypes.data,
+                       one.ctypes.data, x[sn_xptr[s] :].ctypes.data, ints[3:].ctypes.data,
+                       y_buffer.ctypes.data, ints[3:].ctypes.data)  # fmt: skip
+        else:
+            # T = L_JJ⁻¹ (lower triangular), in the top of `out` for now
+            for c in range(w):
+                out[c, c] = 1.0 / block[c, c]
+                for r in range(c + 1, w):
+                    total = 0.0
+                    for k in range(c, r):
+                        total += block[r, k] * out[k, c]
+                    out[r, c] = -total / block[r, r]
+            # Y = L_RJ T, along rows of T (contiguous): y_i = Σ_k L_ik T[k, :k+1]
+            for i in range(m):
                 for c in range(w):
                     y[i, c] = 0.0
                 for k in range(w):
                     lik = block[w + i, k]
                     for c in range(k + 1):
                         y[i, c] += lik * out[k, c]
+            # Tᵀ T, the lower triangle
+            for c in range(w):
+                for r in range(c, w):
+                    total = 0.0
+                    for k in range(r, w):
+                        total += out[k, r] * out[k, c]
+                    inner[r, c] = total
+        if m > 0:
             # gather Z_RR: the rows of R, supernode by supernode of R's columns
             gather = gather_buffer[: m * m].reshape(m, m)
             ib = 0
@@ -975,14 +1014,7 @@ def _selinv_supernodal(sn_start, sn_xptr, col_to_sn, sn_rowptr, sn_rows, x, gemm
                         for k in range(m):
                             total += gather[i, k] * y[k, c]
                         out[w + i, c] = -total
-        # Z_JJ = Tᵀ T − Yᵀ Z_RJ (lower triangle, then mirrored)
-        inner = inner_buffer[: w * w].reshape(w, w)
-        for c in range(w):
-            for r in range(c, w):
-                total = 0.0
-                for k in range(r, w):
-                    total += out[k, r] * out[k, c]
-                inner[r, c] = total
+        # Z_JJ = (L_JJ L_JJᵀ)⁻¹ − Yᵀ Z_RJ (lower triangle, then mirrored)
         if m > 0:
             if m * w * w >= gemm_min:
                 correction = np.dot(y.T, np.ascontiguousarray(out[w:, :]))
@@ -1000,7 +1032,7 @@ def _selinv_supernodal(sn_start, sn_xptr, col_to_sn, sn_rowptr, sn_rows, x, gemm
             for r in range(c, w):
                 out[r, c] = inner[r, c]
                 out[c, r] = inner[r, c]
-    return z
+    return z if ints[0] == 76 and one[0] == 1.0 else z[:0]  # (keeps both arrays alive)
 
 
 def distance2_coloring(symbolic_rows: np.ndarray, symbolic_cols: np.ndarray, n: int) -> np.ndarray:

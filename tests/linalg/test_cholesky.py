@@ -84,21 +84,24 @@ def test_supernodal_factor_reports_the_simplicial_failing_pivot(case, lapack_min
     assert _cholesky.factorize(symbolic, nan_values)[1] >= 0
 
 
+@pytest.mark.parametrize("lapack_min", [1, 2**62], ids=["potri", "loop-diag"])
 @pytest.mark.parametrize("gemm_min", [0, 2**62], ids=["gemm", "loops"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_supernodal_selected_inverse_equals_the_dense_inverse_and_the_column_recurrences(
-    case, gemm_min, monkeypatch
+    case, gemm_min, lapack_min, monkeypatch
 ):
     """(A⁻¹)_ij on A's pattern from the supernodal kernel, through matrix products or loops,
-    against numpy's dense inverse and the column (simplicial) recurrences. Agreement to
-    rounding: these matrices are diagonally dominant (condition number below ~10³), so
-    1e-10 relative to the largest entry leaves orders of magnitude of margin."""
+    its diagonal blocks through LAPACK or loops, against numpy's dense inverse and the column
+    (simplicial) recurrences. Agreement to rounding: these matrices are diagonally dominant
+    (condition number below ~10³), so 1e-10 relative to the largest entry leaves orders of
+    magnitude of margin."""
     rows, cols, values, dense = CASES[case]
     n = dense.shape[0]
     symbolic = _cholesky.analyse(rows, cols, n)
     lx, failed = _cholesky.factorize(symbolic, values)
     assert failed == -1
     monkeypatch.setattr(_cholesky, "GEMM_MIN", gemm_min)
+    monkeypatch.setattr(_cholesky, "LAPACK_MIN", lapack_min)
     z = _cholesky.selected_inverse(symbolic, lx)
     exact = np.linalg.inv(dense)[rows, cols]
     scale = np.abs(exact).max()
