@@ -229,7 +229,7 @@ def _newton_batch(system, merit, z, rows, *, structure, minimization, tol, max_i
         accepted = running & finite_full & (m_full <= m + ARMIJO * slope)
         if minimization and not accepted.all():
             unseen = running & is_newton_step & unseen_decrease(slope, m)
-            accepted |= unseen & finite_full & (max_abs(F_full) < max_abs(F))
+            accepted |= unseen & finite_full & (max_abs(F_full) < F_max)
             # the minimum to rounding error: neither the objective nor max|F| sees progress
             stalled = unseen & ~accepted
             if stalled.any():

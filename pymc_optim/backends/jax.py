@@ -264,7 +264,7 @@ def _newton_jax(op: NewtonOp, node=None, **kwargs):
             if minimization:
                 # the same rule as _iterations.unseen_decrease
                 unseen = running & is_newton_step & (-slope <= ROUNDING * (1.0 + jnp.abs(m)))
-                smaller = finite_full & (max_abs(F_full) < max_abs(F))
+                smaller = finite_full & (max_abs(F_full) < F_max)
                 accepted = accepted | (unseen & smaller)
                 flags = stop(flags, unseen & ~accepted, jnp.ones(n_problems, bool), it + 1, A)
             backtrack = flags[0] & ~accepted

@@ -414,7 +414,7 @@ def _newton_loop(
             accepted = running & finite_full & (m_full <= m + ARMIJO * slope)
             if minimization:
                 unseen = running & is_newton_step & (-slope <= ROUNDING * (1.0 + np.abs(m)))
-                smaller = finite_full & (_rows_max_abs(F_full, rows) < _rows_max_abs(F, rows))
+                smaller = finite_full & (_rows_max_abs(F_full, rows) < F_max)
                 accepted = accepted | (unseen & smaller)
                 stalled = unseen & ~accepted
                 if np.any(stalled):
