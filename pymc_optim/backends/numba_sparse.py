@@ -65,10 +65,15 @@ _SN_START, _SN_XPTR, _COL_TO_SN, _SN_ROWPTR, _SN_ROWS, _X_MAP, _PERM, _DIAG_SLOT
 _N_FIELDS = len(_FIELDS)
 
 
+def _pattern_key(pattern: SparsePattern) -> int:
+    """The integer key of `pattern`'s registered analysis and of its factor cache: the same in
+    every process."""
+    return 2 * (int(pattern._key[:15], 16) >> 1)
+
+
 def _register(pattern: SparsePattern) -> int:
-    """The integer key under which `pattern`'s analysis is registered for the kernels (and its
-    last factor kept): the same in every process."""
-    key = 2 * (int(pattern._key[:15], 16) >> 1)
+    """Register `pattern`'s analysis for the kernels; returns its `_pattern_key`."""
+    key = _pattern_key(pattern)
     analysis = pattern._analysis()
     numba_runtime.register_arrays(key, [getattr(analysis, name) for name in _FIELDS])
     return key
@@ -154,7 +159,7 @@ def _factor_kernel(key, values, cached):
 def factorizations(pattern: SparsePattern) -> int:
     """How many one-matrix factorizations of `pattern` the compiled Ops have made in this
     thread (each miss of its factor cache; a diagnostic for tests and benchmarks)."""
-    state = numba_runtime.thread_buffer(_register(pattern))
+    state = numba_runtime.thread_buffer(_pattern_key(pattern))
     return 0 if state is None or state.size < _CACHE_HEADER else int(state[2])
 
 
