@@ -118,6 +118,7 @@ def child(side: int, form: str = "icar") -> dict:
         _cholesky.selected_inverse(analysis, x)
         inverses.append(time.perf_counter() - start)
     row["factor s"], row["selected inverse s"] = min(factors), min(inverses)
+    row["÷ (factor + sel. inv.)"] = row["logp+grad s"] / (min(factors) + min(inverses))
     row["factor nnz M"] = analysis.factor_nnz / 1e6
     return row
 
@@ -150,20 +151,26 @@ def fits_child(side: int) -> dict:
     return row
 
 
-def fits(sides: list[int]) -> None:
-    columns = ["n", "fit_inla s", "recover_latent s", "draws recovered", "peak MB"]
+def _table(columns: list[str], child_args, sides: list[int]) -> None:
+    """One fresh process per side (this script with ``child_args(side)``), its JSON row printed
+    as a row of a Markdown table; the child's stderr (progress, errors) passes through."""
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
     for side in sides:
         done = subprocess.run(
-            [sys.executable, __file__, "--fits-child", str(side)], stdout=subprocess.PIPE, text=True
+            [sys.executable, __file__, *child_args(side)], stdout=subprocess.PIPE, text=True
         )
         if done.returncode:
-            print(f"| {side * side} | failed (its error above) |")
+            print(f"| side {side} | failed (its error above) |", flush=True)
             continue
         row = json.loads(done.stdout.strip().splitlines()[-1])
         cells = [f"{row[c]:,.0f}" if c == "n" else f"{row[c]:.3g}" for c in columns]
         print("| " + " | ".join(cells) + " |", flush=True)
+
+
+def fits(sides: list[int]) -> None:
+    columns = ["n", "fit_inla s", "recover_latent s", "draws recovered", "peak MB"]
+    _table(columns, lambda side: ["--fits-child", str(side)], sides)
 
 
 def main(sides: list[int], form: str) -> None:
@@ -179,21 +186,7 @@ def main(sides: list[int], form: str) -> None:
         "factor nnz M",
         "peak MB",
     ]
-    print("| " + " | ".join(columns) + " |")
-    print("|" + "---|" * len(columns))
-    for side in sides:
-        done = subprocess.run(
-            [sys.executable, __file__, "--child", str(side), form], capture_output=True, text=True
-        )
-        if done.returncode:
-            print(f"| {side * side} | failed: {done.stderr.strip().splitlines()[-1]} |")
-            continue
-        row = json.loads(done.stdout.strip().splitlines()[-1])
-        row["÷ (factor + sel. inv.)"] = row["logp+grad s"] / (
-            row["factor s"] + row["selected inverse s"]
-        )
-        cells = [f"{row[c]:,.0f}" if c == "n" else f"{row[c]:.3g}" for c in columns]
-        print("| " + " | ".join(cells) + " |", flush=True)
+    _table(columns, lambda side: ["--child", str(side), form], sides)
 
 
 if __name__ == "__main__":
